@@ -1,0 +1,52 @@
+// loom's configuration: every LOOM_* variable, parsed in one place (lib/util/config.cpp).
+// A program may build a Config from the environment and override fields in code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom {
+
+struct Config {
+  std::string provider;            // LOOM_PROVIDER
+  std::vector<std::string> nics;   // LOOM_NICS
+  bool loopback_only = false;      // LOOM_LOOPBACK_ONLY
+  unsigned data_rails = 1;         // LOOM_DATA_RAILS
+  unsigned ctrl_rails = 1;         // LOOM_CTRL_RAILS
+  unsigned ngroups = 4;            // LOOM_NGROUPS
+  unsigned qp_depth_multiplier = 1;  // LOOM_QP_DEPTH_MULTIPLIER
+  std::size_t eager_max = 16384;   // LOOM_EAGER_MAX
+  std::size_t min_stripe = 262144;  // LOOM_MIN_STRIPE
+  std::size_t mr_cache_entries = 1024;  // LOOM_MR_CACHE_ENTRIES
+  std::string log_level = "warn";  // LOOM_LOG_LEVEL
+  unsigned connect_timeout_ms = 30000;  // LOOM_CONNECT_TIMEOUT_MS
+  unsigned peer_timeout_ms = 10000;     // LOOM_PEER_TIMEOUT_MS
+  bool force_flush = false;        // LOOM_FORCE_FLUSH
+  std::string topology_xml;        // LOOM_TOPOLOGY_XML
+
+  // Reads every LOOM_* variable; unset ones keep their defaults. Throws loom::Error naming
+  // the variable and the accepted values when one is invalid, and for unknown LOOM_* names.
+  static Config from_env();
+  // Same, from explicit name/value pairs (tests, or programs with their own config files).
+  static Config from_values(const std::map<std::string, std::string, std::less<>>& values);
+
+  // Throws loom::Error if fields set in code are out of range.
+  void validate() const;
+};
+
+// One row of the configuration table: the variable, its default and what it does.
+struct ConfigVariable {
+  std::string_view name;
+  std::string_view default_value;
+  std::string_view doc;
+};
+
+// Every LOOM_* variable, in the order the README documents them.
+[[nodiscard]] std::span<const ConfigVariable> config_variables() noexcept;
+
+}  // namespace loom

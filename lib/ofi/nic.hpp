@@ -1,0 +1,67 @@
+// A NIC is one libfabric domain (with its fabric): the unit that owns registrations in ordinary
+// MR mode and hosts any number of rails (endpoints).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ofi/fid.hpp"
+
+namespace loom::providers {
+struct Profile;
+}
+
+namespace loom::ofi {
+
+// What the upper layers and tools may know about a NIC, without libfabric types.
+struct NicAttributes {
+  std::string provider;  // "tcp;ofi_rxm", "efa", ...
+  std::string fabric;
+  std::string domain;    // the NIC's name: "lo", "rdmap16s27", "cxi0", "mlx5_0", "shm"
+  std::string address;   // the NIC's source address as text, empty if the provider gives none
+  std::string pci_bus_id;  // "0000:10:1b.0" where the provider reports it
+  // MR handling, from the returned domain_attr->mr_mode and mode bits.
+  bool endpoint_mr = false;  // FI_MR_ENDPOINT: bind + enable per endpoint
+  bool virt_addr = false;    // FI_MR_VIRT_ADDR: RMA addresses are virtual, else offsets
+  bool prov_key = false;     // FI_MR_PROV_KEY: keys come from the provider
+  bool local_mr = false;     // FI_MR_LOCAL: local buffers need descriptors
+  bool rx_cq_data = false;   // FI_RX_CQ_DATA: remote CQ data consumes a posted receive
+  std::size_t cq_data_bytes = 0;
+  std::size_t tag_bits = 0;  // usable tag bits (from mem_tag_format, at most 64)
+  std::size_t inject_size = 0;
+  std::size_t max_msg_size = 0;
+  std::size_t max_tx_depth = 0;
+  std::size_t max_rx_depth = 0;
+  std::size_t max_endpoints = 0;
+  std::size_t mr_key_size = 0;
+};
+
+class Nic {
+ public:
+  // Opens the fabric and domain described by `info` (one entry of fi_getinfo's list).
+  explicit Nic(InfoPtr info);
+  ~Nic();
+  Nic(const Nic&) = delete;
+  Nic& operator=(const Nic&) = delete;
+
+  [[nodiscard]] const NicAttributes& attributes() const noexcept { return attributes_; }
+  [[nodiscard]] const providers::Profile& profile() const noexcept { return *profile_; }
+  [[nodiscard]] const fi_info& info() const noexcept { return *info_; }
+  [[nodiscard]] fid_domain* domain() const noexcept { return domain_.get(); }
+
+  // A key unique in this domain, for providers that take the requested key (no FI_MR_PROV_KEY).
+  std::uint64_t next_requested_key() noexcept { return next_key_.fetch_add(1); }
+
+ private:
+  // Declaration order is destruction order, reversed: domain closes before fabric, then info.
+  InfoPtr info_;
+  FidPtr<fid_fabric> fabric_;
+  FidPtr<fid_domain> domain_;
+  NicAttributes attributes_;
+  const providers::Profile* profile_;
+  std::atomic<std::uint64_t> next_key_{1};
+};
+
+}  // namespace loom::ofi

@@ -1,0 +1,132 @@
+// Rail setup and teardown. The data path is in rail_datapath.cpp.
+#include "ofi/rail.hpp"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+
+#include "loom/error.hpp"
+#include "ofi/error.hpp"
+#include "ofi/memory_registration.hpp"
+#include "ofi/nic.hpp"
+#include "util/log.hpp"
+
+namespace loom::ofi {
+
+static_assert(sizeof(fi_context2) == kProviderContextBytes);
+static_assert(alignof(fi_context2) <= alignof(OpContext));
+
+namespace {
+
+// Receives kept posted for FI_RX_CQ_DATA providers: enough to cover a window of writes.
+constexpr std::size_t kRxCqDataCredits = 64;
+// A rail's AV holds its own address and few peers; libfabric grows it when needed.
+constexpr std::size_t kAvCount = 16;
+
+}  // namespace
+
+FlushBuffer::FlushBuffer(Rail& rail) : storage_(std::make_unique<std::byte[]>(kBytes)) {
+  Rail* rails[] = {&rail};
+  registration_ = std::make_unique<MemoryRegistration>(rails, storage_.get(), kBytes);
+}
+
+FlushBuffer::~FlushBuffer() = default;
+
+Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths)
+    : nic_(&nic), role_(role), index_(index), depths_(depths) {
+  const std::string& provider = nic.attributes().provider;
+  const std::string operation = "open " + describe();
+
+  InfoPtr info = duplicate(nic.info());
+  info->tx_attr->size = depths_.tx;
+  info->rx_attr->size = depths_.rx;
+
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_TABLE;
+  av_attr.count = kAvCount;
+  fid_av* av = nullptr;
+  if (int rc = fi_av_open(nic.domain(), &av_attr, &av, nullptr); rc != 0) {
+    throw_fi_error(operation, "fi_av_open", provider, rc);
+  }
+  av_.reset(av);
+
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_TAGGED;
+  cq_attr.size = depths_.tx + depths_.rx + kRxCqDataCredits;
+  cq_attr.wait_obj = FI_WAIT_NONE;
+  fid_cq* cq = nullptr;
+  if (int rc = fi_cq_open(nic.domain(), &cq_attr, &cq, nullptr); rc != 0) {
+    throw_fi_error(operation, "fi_cq_open", provider, rc);
+  }
+  cq_.reset(cq);
+
+  fid_ep* endpoint = nullptr;
+  if (int rc = fi_endpoint(nic.domain(), info.get(), &endpoint, nullptr); rc != 0) {
+    throw_fi_error(operation, "fi_endpoint", provider, rc);
+  }
+  endpoint_.reset(endpoint);
+  if (int rc = fi_ep_bind(endpoint_.get(), &av_->fid, 0); rc != 0) {
+    throw_fi_error(operation, "fi_ep_bind(av)", provider, rc);
+  }
+  if (int rc = fi_ep_bind(endpoint_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV); rc != 0) {
+    throw_fi_error(operation, "fi_ep_bind(cq)", provider, rc);
+  }
+  if (int rc = fi_enable(endpoint_.get()); rc != 0) {
+    throw_fi_error(operation, "fi_enable", provider, rc);
+  }
+
+  std::size_t name_length = 0;
+  fi_getname(&endpoint_->fid, nullptr, &name_length);
+  name_.resize(name_length);
+  if (int rc = fi_getname(&endpoint_->fid, name_.data(), &name_length); rc != 0) {
+    throw_fi_error(operation, "fi_getname", provider, rc);
+  }
+  name_.resize(name_length);
+  self_ = insert_peer(name_);
+
+  flush_ = std::make_unique<FlushBuffer>(*this);
+  if (role_ == RailRole::kData && nic.attributes().rx_cq_data) post_rx_cq_data_credits();
+  util::log().debug("opened {} (tx {}, rx {})", describe(), depths_.tx, depths_.rx);
+}
+
+Rail::~Rail() {
+  // Posted receives hold contexts owned by this rail; cancel them before the endpoint closes.
+  for (auto& credit : rx_cq_data_credits_) fi_cancel(&endpoint_->fid, &credit);
+}
+
+std::string Rail::describe() const {
+  return std::string(role_ == RailRole::kData ? "data" : "control") + " rail " +
+         std::to_string(index_) + " on " + nic_->attributes().domain + " [" +
+         nic_->attributes().provider + "]";
+}
+
+Address Rail::insert_peer(std::span<const std::byte> address) {
+  fi_addr_t peer = FI_ADDR_NOTAVAIL;
+  int inserted = fi_av_insert(av_.get(), address.data(), 1, &peer, 0, nullptr);
+  if (inserted != 1 || peer == FI_ADDR_NOTAVAIL) {
+    throw_fi_error("insert peer address on " + describe(), "fi_av_insert",
+                   nic_->attributes().provider, inserted < 0 ? inserted : -FI_EADDRNOTAVAIL,
+                   std::to_string(address.size()) + "-byte address");
+  }
+  return peer;
+}
+
+void Rail::remove_peer(Address peer) noexcept {
+  fi_addr_t address = peer;
+  if (int rc = fi_av_remove(av_.get(), &address, 1, 0); rc != 0) {
+    util::log().warn("fi_av_remove on {}: {}", describe(), fi_error_text(rc));
+  }
+}
+
+void Rail::post_rx_cq_data_credits() {
+  rx_cq_data_credits_.resize(kRxCqDataCredits);
+  for (auto& credit : rx_cq_data_credits_) {
+    if (Status s = recv(nullptr, 0, nullptr, &credit); s != Status::kOk) {
+      throw Error("open " + describe(), nic_->attributes().provider, FI_EAGAIN,
+                  "cannot post receives for FI_RX_CQ_DATA: " + last_error_);
+    }
+  }
+}
+
+}  // namespace loom::ofi

@@ -1,0 +1,55 @@
+// A rail set: R data rails and C control rails (C >= 1) over one or more NICs, plus the MR
+// cache for buffers used on them. Declared after the rails, the cache is destroyed first, so an
+// endpoint can never be closed while registrations bound to it are open.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ofi/mr_cache.hpp"
+#include "ofi/rail.hpp"
+
+namespace loom::ofi {
+
+class Nic;
+
+struct RailSetShape {
+  std::size_t data_rails = 1;
+  std::size_t control_rails = 1;
+  RailDepths depths;  // wanted; each rail's are clamped to its NIC's limits
+  std::size_t mr_cache_entries = 1024;
+};
+
+class RailSet {
+ public:
+  // Data rail i goes to nics[i % nics.size()], control rail j to nics[j % nics.size()]: more
+  // rails than NICs means several endpoints per NIC. Throws loom::Error.
+  RailSet(std::span<Nic* const> nics, const RailSetShape& shape);
+  ~RailSet();
+  RailSet(const RailSet&) = delete;
+  RailSet& operator=(const RailSet&) = delete;
+
+  [[nodiscard]] std::size_t data_rails() const noexcept { return data_rails_; }
+  [[nodiscard]] std::size_t control_rails() const noexcept { return rails_.size() - data_rails_; }
+  [[nodiscard]] Rail& data(std::size_t i) noexcept { return *rails_[i]; }
+  [[nodiscard]] Rail& control(std::size_t i) noexcept { return *rails_[data_rails_ + i]; }
+  // All rails, data first; Rail::index() is the position here.
+  [[nodiscard]] std::span<Rail* const> rails() const noexcept { return rail_pointers_; }
+  [[nodiscard]] MrCache& mr_cache() noexcept { return *mr_cache_; }
+
+  // Polls every rail's CQ once; returns completions handled.
+  std::size_t progress();
+
+ private:
+  std::size_t data_rails_;
+  std::vector<std::unique_ptr<Rail>> rails_;
+  std::vector<Rail*> rail_pointers_;
+  std::unique_ptr<MrCache> mr_cache_;  // last: destroyed first
+};
+
+// Depths clamped to what `nic` allows; logs at info level when a value was lowered.
+[[nodiscard]] RailDepths clamp_depths(const Nic& nic, RailDepths wanted);
+
+}  // namespace loom::ofi

@@ -1,0 +1,70 @@
+// Entry point libfabric's loader looks for in lib<name>-fi.so, and what is shared by all objects.
+#include <cstdio>
+
+#include "common.hpp"
+#include "info.hpp"
+#include "objects.hpp"
+
+namespace epmr {
+namespace {
+
+int open_fabric(fi_fabric_attr* attr, fid_fabric** fabric, void* context) {
+  return Fabric::open(attr, fabric, context);
+}
+
+void cleanup() {}
+
+fi_provider g_provider = {
+    .version = kProviderVersion,
+    .fi_version = kApiVersion,
+    .context = {},
+    .name = kProviderName,
+    .getinfo = getinfo,
+    .fabric = open_fabric,
+    .cleanup = cleanup,
+};
+
+constexpr const char* kVerboseParam = "verbose";
+bool g_verbose = false;
+
+}  // namespace
+
+fi_provider& provider() {
+  return g_provider;
+}
+
+int refuse(const char* reason, int code) noexcept {
+  if (g_verbose) std::fprintf(stderr, "epmr: refused: %s (%s)\n", reason, fi_strerror(-code));
+  return code;
+}
+
+int refuse_desc(const char* op) noexcept {
+  if (g_verbose)
+    std::fprintf(stderr,
+                 "epmr: refused: %s: a descriptor is missing, or its MR is not enabled or not "
+                 "bound to this endpoint\n",
+                 op);
+  return -FI_EINVAL;
+}
+
+int no_ops_open(fid*, const char*, uint64_t, void**, void*) {
+  return -FI_ENOSYS;
+}
+int no_bind(fid*, fid*, uint64_t) {
+  return -FI_ENOSYS;
+}
+int no_control(fid*, int, void*) {
+  return -FI_ENOSYS;
+}
+
+}  // namespace epmr
+
+extern "C" FI_EXT_INI {
+  auto& prov = epmr::provider();
+  // Read as FI_EPMR_VERBOSE; registering it also makes `fi_info -e` document it.
+  fi_param_define(&prov, epmr::kVerboseParam, FI_PARAM_BOOL,
+                  "Print to stderr why epmr refused a call (default: no)");
+  int verbose = 0;
+  if (fi_param_get_bool(&prov, epmr::kVerboseParam, &verbose) == 0) epmr::g_verbose = verbose != 0;
+  return &prov;
+}

@@ -1,0 +1,54 @@
+// What each libfabric provider family needs from loom, one file per family. Everything
+// provider-specific lives under providers/; MR handling is decided from the returned fi_info
+// bits, never from these names.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string_view>
+
+namespace loom::providers {
+
+// An environment default loom sets for a provider when the user has not set it.
+struct EnvDefault {
+  const char* name;
+  const char* value;
+  const char* why;
+};
+
+// Device limits read from the device itself where libfabric does not report them.
+struct DeviceLimits {
+  std::size_t max_queue_depth = 0;
+  std::size_t max_cq_entries = 0;
+  std::size_t max_endpoints = 0;
+};
+
+struct Profile {
+  std::string_view family;   // core provider name as libfabric reports it ("tcp", "efa", ...)
+  std::string_view summary;  // what users of this provider should know, logged at info level
+  std::span<const EnvDefault> env_defaults;
+  // Reads limits from the device named by the libfabric domain; nullopt where unknown.
+  std::optional<DeviceLimits> (*device_limits)(std::string_view domain_name) = nullptr;
+};
+
+// The profile for a provider name as fi_info reports it ("verbs;ofi_rxm" -> verbs). Unknown
+// providers (e.g. the epmr test provider) get a generic profile with no defaults.
+[[nodiscard]] const Profile& profile_for(std::string_view prov_name) noexcept;
+
+[[nodiscard]] std::span<const Profile* const> all_profiles() noexcept;
+
+// Sets the environment defaults (those the user left unset) of the provider families that
+// `requested` names (LOOM_PROVIDER, else FI_PROVIDER; "verbs;ofi_rxm", "efa,shm", ...). Nothing
+// is set when no family is named: a default meant for one provider can change another (rxm's
+// variables act on both verbs and tcp). Called before the first fi_getinfo, because providers
+// read their variables when they initialize.
+void apply_env_defaults(std::string_view requested) noexcept;
+
+extern const Profile kEfaProfile;
+extern const Profile kCxiProfile;
+extern const Profile kVerbsProfile;
+extern const Profile kTcpProfile;
+extern const Profile kShmProfile;
+
+}  // namespace loom::providers

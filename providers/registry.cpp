@@ -1,0 +1,47 @@
+#include <cstdlib>
+
+#include "providers/profile.hpp"
+
+namespace loom::providers {
+namespace {
+
+constexpr Profile kGenericProfile{
+    .family = "",
+    .summary = "no loom-specific settings for this provider",
+    .env_defaults = {},
+};
+
+constexpr const Profile* kProfiles[] = {&kEfaProfile, &kCxiProfile, &kVerbsProfile, &kTcpProfile,
+                                        &kShmProfile};
+
+// "verbs;ofi_rxm" and "tcp;ofi_rxm" name the core provider first.
+std::string_view core_name(std::string_view prov_name) {
+  return prov_name.substr(0, prov_name.find(';'));
+}
+
+}  // namespace
+
+const Profile& profile_for(std::string_view prov_name) noexcept {
+  auto core = core_name(prov_name);
+  for (const Profile* profile : kProfiles)
+    if (profile->family == core) return *profile;
+  return kGenericProfile;
+}
+
+std::span<const Profile* const> all_profiles() noexcept { return kProfiles; }
+
+void apply_env_defaults(std::string_view requested) noexcept {
+  for (const Profile* profile : kProfiles) {
+    bool named = false;
+    std::string_view rest = requested;
+    while (!rest.empty() && !named) {
+      const auto cut = rest.find_first_of(",;");
+      named = rest.substr(0, cut) == profile->family;
+      rest = cut == std::string_view::npos ? std::string_view{} : rest.substr(cut + 1);
+    }
+    if (!named) continue;
+    for (const EnvDefault& env : profile->env_defaults) setenv(env.name, env.value, 0);
+  }
+}
+
+}  // namespace loom::providers

@@ -1,0 +1,56 @@
+// verbs (InfiniBand/RoCE), reached as "verbs;ofi_rxm" for RDM endpoints. rxm keeps per-peer
+// receive buffers unless told to share one receive queue; with many communicators that memory
+// dominates, hence the SRX default. Device limits come from rdma-core when loom is built with it.
+#include "loom_build_config.h"
+#include "providers/profile.hpp"
+
+#if LOOM_HAVE_IBVERBS
+#include <infiniband/verbs.h>
+
+#include <string>
+#endif
+
+namespace loom::providers {
+namespace {
+
+constexpr EnvDefault kVerbsEnv[] = {
+    {"FI_OFI_RXM_USE_SRX", "1",
+     "one shared receive queue per endpoint instead of receive buffers per connection"},
+};
+
+#if LOOM_HAVE_IBVERBS
+std::optional<DeviceLimits> verbs_device_limits(std::string_view domain_name) {
+  int count = 0;
+  ibv_device** devices = ibv_get_device_list(&count);
+  if (devices == nullptr) return std::nullopt;
+  std::optional<DeviceLimits> limits;
+  for (int i = 0; i < count && !limits; ++i) {
+    // libfabric names verbs RDM domains after the device, e.g. "mlx5_0".
+    if (domain_name.rfind(ibv_get_device_name(devices[i]), 0) != 0) continue;
+    ibv_context* context = ibv_open_device(devices[i]);
+    if (context == nullptr) continue;
+    ibv_device_attr attr{};
+    if (ibv_query_device(context, &attr) == 0) {
+      limits = DeviceLimits{.max_queue_depth = static_cast<std::size_t>(attr.max_qp_wr),
+                            .max_cq_entries = static_cast<std::size_t>(attr.max_cqe),
+                            .max_endpoints = static_cast<std::size_t>(attr.max_qp)};
+    }
+    ibv_close_device(context);
+  }
+  ibv_free_device_list(devices);
+  return limits;
+}
+#endif
+
+}  // namespace
+
+const Profile kVerbsProfile{
+    .family = "verbs",
+    .summary = "verbs;ofi_rxm: shared receive queue on; device limits from rdma-core",
+    .env_defaults = kVerbsEnv,
+#if LOOM_HAVE_IBVERBS
+    .device_limits = verbs_device_limits,
+#endif
+};
+
+}  // namespace loom::providers

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Layering rules from shared/STYLE.md: util <- ofi <- mux <- p2p <- API; rdma/* headers and fi_*
+# calls only in lib/ofi and providers/. Prints each violation; exits 1 if any.
+set -u
+root=${1:-$(dirname "$0")/..}
+cd "$root" || exit 2
+bad=0
+violation() { echo "layering: $*"; bad=1; }
+
+check_includes() {  # dir, forbidden include prefixes...
+  local dir=$1; shift
+  [ -d "$dir" ] || return 0
+  for prefix in "$@"; do
+    while IFS= read -r hit; do violation "$hit includes $prefix (not allowed in $dir)"; done \
+      < <(grep -rnE "#include [<\"]${prefix}" "$dir" --include='*.cpp' --include='*.hpp' | cut -d: -f1,2)
+  done
+}
+
+check_includes lib/util ofi/ mux/ p2p/ topo/ rdma/ infiniband/
+check_includes lib/ofi mux/ p2p/ topo/
+check_includes lib/topo mux/ p2p/ rdma/
+check_includes lib/mux p2p/ rdma/ infiniband/ providers/
+check_includes lib/p2p rdma/ infiniband/ providers/ ofi/fid.hpp
+check_includes include/loom rdma/ infiniband/ ofi/ mux/ p2p/ util/ topo/ providers/
+check_includes bench rdma/ ofi/ mux/ p2p/ util/ providers/
+
+# fi_* calls outside the rail layer and providers.
+for dir in lib/util lib/mux lib/p2p lib/topo include bench; do
+  [ -d "$dir" ] || continue
+  while IFS= read -r hit; do violation "$hit calls libfabric outside lib/ofi"; done \
+    < <(grep -rnE '\bfi_[a-z_]+\(' "$dir" --include='*.cpp' --include='*.hpp' | cut -d: -f1,2)
+done
+
+# Raw new/delete and goto in the library. (providers/epmr is exempt: libfabric owns its objects'
+# lifetime through fi_close, so they end with `delete this`.)
+while IFS= read -r hit; do violation "$hit uses raw new/delete or goto"; done \
+  < <(grep -rnE '(^|[^_a-zA-Z])(new [A-Za-z_:]+[\(\[{]|delete |goto )' lib include providers \
+        --include='*.cpp' --include='*.hpp' --exclude-dir=epmr | cut -d: -f1,2)
+
+[ $bad -eq 0 ] && echo "layering: ok"
+exit $bad

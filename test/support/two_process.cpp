@@ -1,0 +1,130 @@
+#include "two_process.hpp"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <thread>
+
+namespace loom::test {
+namespace {
+
+constexpr auto kChannelTimeout = 60s;
+
+void write_all(int fd, const void* data, std::size_t length) {
+  auto* p = static_cast<const char*>(data);
+  while (length > 0) {
+    ssize_t n = ::write(fd, p, length);
+    if (n < 0 && errno == EINTR) continue;
+    require(n > 0, std::string("channel write failed: ") + std::strerror(errno));
+    p += n;
+    length -= static_cast<std::size_t>(n);
+  }
+}
+
+void read_all(int fd, void* data, std::size_t length) {
+  auto* p = static_cast<char*>(data);
+  auto deadline = std::chrono::steady_clock::now() + kChannelTimeout;
+  while (length > 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    int ready = ::poll(&pfd, 1, 100);
+    require(std::chrono::steady_clock::now() < deadline, "channel: peer silent for 60 s");
+    if (ready <= 0) continue;
+    ssize_t n = ::read(fd, p, length);
+    if (n < 0 && errno == EINTR) continue;
+    require(n > 0, "channel: peer closed the channel (it failed or exited)");
+    p += n;
+    length -= static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+void Channel::send_bytes(std::span<const std::byte> bytes) {
+  std::uint64_t length = bytes.size();
+  write_all(fd_, &length, sizeof length);
+  write_all(fd_, bytes.data(), bytes.size());
+}
+
+std::vector<std::byte> Channel::recv_bytes() {
+  std::uint64_t length = 0;
+  read_all(fd_, &length, sizeof length);
+  require(length < (1u << 30), "channel: implausible length");
+  std::vector<std::byte> bytes(length);
+  read_all(fd_, bytes.data(), bytes.size());
+  return bytes;
+}
+
+bool Channel::readable() const {
+  pollfd pfd{fd_, POLLIN, 0};
+  return ::poll(&pfd, 1, 0) > 0;
+}
+
+void Channel::barrier() {
+  send_value<std::uint32_t>(0xB4B4B4B4);
+  require(recv_value<std::uint32_t>() == 0xB4B4B4B4, "channel: barrier out of step");
+}
+
+std::string run_pair(const std::function<void(Channel&)>& parent_role,
+                     const std::function<void(Channel&)>& child_role,
+                     std::chrono::seconds timeout) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return "socketpair failed";
+  std::fflush(nullptr);
+  pid_t child = ::fork();
+  if (child < 0) return "fork failed";
+  if (child == 0) {
+    ::close(fds[0]);
+    Channel channel(fds[1]);
+    int code = 0;
+    try {
+      child_role(channel);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child failed: %s\n", e.what());
+      code = 1;
+    }
+    std::fflush(nullptr);
+    ::_exit(code);  // no atexit handlers or Catch2 reporting in the child
+  }
+  ::close(fds[1]);
+  Channel channel(fds[0]);
+  std::string failure;
+  try {
+    parent_role(channel);
+  } catch (const std::exception& e) {
+    failure = std::string("parent failed: ") + e.what();
+  }
+  ::close(fds[0]);  // a child blocked on the channel now sees it closed
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      return failure + (failure.empty() ? "" : "; ") + "child timed out and was killed";
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string why = WIFSIGNALED(status) ? "child killed by signal " + std::to_string(WTERMSIG(status))
+                                          : "child exited with " + std::to_string(WEXITSTATUS(status));
+    return failure + (failure.empty() ? "" : "; ") + why;
+  }
+  return failure;
+}
+
+void poll_until(const std::function<bool()>& done, const std::function<void()>& step,
+                const std::string& what, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    require(std::chrono::steady_clock::now() < deadline, "timed out waiting for " + what);
+    step();
+  }
+}
+
+}  // namespace loom::test

@@ -1,0 +1,67 @@
+// Multi-process tests: the parent runs one role, a forked child the other; they exchange
+// addresses and keys over a socketpair. Every wait is bounded; a child that hangs is killed and
+// a child that fails makes the parent's test fail.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace loom::test {
+
+using namespace std::chrono_literals;
+
+// Thrown by require() in either process.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+inline void require(bool condition, const std::string& message) {
+  if (!condition) throw Failure(message);
+}
+
+class Channel {
+ public:
+  explicit Channel(int fd) : fd_(fd) {}
+  void send_bytes(std::span<const std::byte> bytes);
+  std::vector<std::byte> recv_bytes();  // throws Failure after the channel deadline
+
+  template <typename T>
+  void send_value(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    send_bytes({reinterpret_cast<const std::byte*>(&value), sizeof value});
+  }
+  template <typename T>
+  T recv_value() {
+    auto bytes = recv_bytes();
+    require(bytes.size() == sizeof(T), "channel: unexpected value size");
+    T value;
+    std::memcpy(&value, bytes.data(), sizeof value);
+    return value;
+  }
+  // True when a message is waiting (never blocks).
+  [[nodiscard]] bool readable() const;
+  // Both sides call it; returns when both have reached it.
+  void barrier();
+
+ private:
+  int fd_;
+};
+
+// Runs `parent_role` here and `child_role` in a forked child; returns "" on success or what
+// went wrong on either side. The child is killed after `timeout`.
+std::string run_pair(const std::function<void(Channel&)>& parent_role,
+                     const std::function<void(Channel&)>& child_role,
+                     std::chrono::seconds timeout = 120s);
+
+// Polls `step` until `done` returns true or `timeout` passes (then throws Failure(`what`)).
+void poll_until(const std::function<bool()>& done, const std::function<void()>& step,
+                const std::string& what, std::chrono::milliseconds timeout = 30000ms);
+
+}  // namespace loom::test

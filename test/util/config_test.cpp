@@ -1,0 +1,70 @@
+#include <catch2/catch.hpp>
+
+#include "loom/config.hpp"
+#include "loom/error.hpp"
+
+namespace loom {
+
+TEST_CASE("config: the table's defaults are Config's defaults", "[util]") {
+  std::map<std::string, std::string, std::less<>> defaults;
+  for (const auto& var : config_variables()) {
+    if (!var.default_value.empty()) defaults.emplace(var.name, var.default_value);
+  }
+  Config parsed = Config::from_values(defaults);
+  Config plain;
+  CHECK(parsed.data_rails == plain.data_rails);
+  CHECK(parsed.ctrl_rails == plain.ctrl_rails);
+  CHECK(parsed.ngroups == plain.ngroups);
+  CHECK(parsed.qp_depth_multiplier == plain.qp_depth_multiplier);
+  CHECK(parsed.eager_max == plain.eager_max);
+  CHECK(parsed.min_stripe == plain.min_stripe);
+  CHECK(parsed.mr_cache_entries == plain.mr_cache_entries);
+  CHECK(parsed.log_level == plain.log_level);
+  CHECK(parsed.connect_timeout_ms == plain.connect_timeout_ms);
+  CHECK(parsed.peer_timeout_ms == plain.peer_timeout_ms);
+  CHECK(parsed.force_flush == plain.force_flush);
+  CHECK(parsed.loopback_only == plain.loopback_only);
+  for (const auto& var : config_variables()) {
+    CHECK(var.name.starts_with("LOOM_"));
+    CHECK_FALSE(var.doc.empty());
+  }
+}
+
+TEST_CASE("config: values, suffixes and lists parse", "[util]") {
+  Config c = Config::from_values({{"LOOM_DATA_RAILS", "4"},
+                                  {"LOOM_EAGER_MAX", "8k"},
+                                  {"LOOM_MIN_STRIPE", "1m"},
+                                  {"LOOM_NICS", "lo,eth9,,x"},
+                                  {"LOOM_FORCE_FLUSH", "yes"},
+                                  {"LOOM_LOG_LEVEL", "debug"},
+                                  {"LOOM_NGROUPS", "0"}});
+  CHECK(c.data_rails == 4);
+  CHECK(c.eager_max == 8192);
+  CHECK(c.min_stripe == 1048576);
+  CHECK(c.nics == std::vector<std::string>{"lo", "eth9", "x"});
+  CHECK(c.force_flush);
+  CHECK(c.log_level == "debug");
+  CHECK(c.ngroups == 0);
+}
+
+TEST_CASE("config: invalid values are errors naming the variable", "[util]") {
+  CHECK_THROWS_WITH(Config::from_values({{"LOOM_DATA_RAILS", "0"}}),
+                    Catch::Contains("LOOM_DATA_RAILS=\"0\"") && Catch::Contains("[1, 16]"));
+  CHECK_THROWS_WITH(Config::from_values({{"LOOM_DATA_RAILS", "two"}}),
+                    Catch::Contains("LOOM_DATA_RAILS"));
+  CHECK_THROWS_WITH(Config::from_values({{"LOOM_EAGER_MAX", "4q"}}),
+                    Catch::Contains("LOOM_EAGER_MAX"));
+  CHECK_THROWS_WITH(Config::from_values({{"LOOM_EAGER_MAX", "99999999999999g"}}),
+                    Catch::Contains("LOOM_EAGER_MAX"));
+  CHECK_THROWS_WITH(Config::from_values({{"LOOM_FORCE_FLUSH", "maybe"}}),
+                    Catch::Contains("LOOM_FORCE_FLUSH"));
+  CHECK_THROWS_WITH(Config::from_values({{"LOOM_LOG_LEVEL", "loud"}}),
+                    Catch::Contains("LOOM_LOG_LEVEL"));
+  CHECK_THROWS_WITH(Config::from_values({{"LOOM_DATA_RAIL", "2"}}),
+                    Catch::Contains("unknown variable LOOM_DATA_RAIL"));
+  Config c;
+  c.ctrl_rails = 0;
+  CHECK_THROWS_WITH(c.validate(), Catch::Contains("LOOM_CTRL_RAILS"));
+}
+
+}  // namespace loom
