@@ -1,0 +1,7 @@
+// Everything a user of loom includes.
+#pragma once
+
+#include "loom/config.hpp"
+#include "loom/error.hpp"
+#include "loom/memory.hpp"
+#include "loom/p2p.hpp"

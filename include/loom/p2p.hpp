@@ -1,0 +1,230 @@
+// loom's point-to-point API: listen/connect/accept with an opaque handle, registered memory,
+// non-blocking tagged send/receive, flush and close. Setup calls throw loom::Error; data-path
+// calls return a Status and never throw.
+//
+// Matching: the n-th message sent on a communicator lands in the n-th receive buffer posted on
+// its peer (an irecv of k buffers takes k messages, in order); the message's tag must equal that
+// buffer's tag. A buffer may be larger than its message (the delivered size is reported); a
+// message larger than its buffer, or with another tag, fails on both sides and moves no data.
+//
+// Threads: different communicators may be used from different threads at once; one
+// communicator is used by one thread at a time. A Context may be shared by threads.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/config.hpp"
+#include "loom/error.hpp"
+#include "loom/memory.hpp"
+
+namespace loom {
+
+namespace p2p {
+class Comm;
+class ContextCore;
+class ConnectorState;
+class ListenerState;
+struct Request;
+}  // namespace p2p
+
+using Tag = std::uint32_t;
+// A pending operation. Owned by its communicator; valid until test() reports it done.
+using Request = p2p::Request;
+
+inline constexpr std::size_t kMaxRecvBuffers = 8;
+inline constexpr std::size_t kMaxHandleBytes = 128;
+
+// What listen() gives and connect() takes: at most 128 bytes, to be passed to the peer by any
+// out-of-band means (MPI, a file, a TCP socket).
+struct Handle {
+  std::array<std::byte, kMaxHandleBytes> bytes{};
+  std::size_t size = 0;
+
+  [[nodiscard]] std::span<const std::byte> view() const noexcept { return {bytes.data(), size}; }
+  // Throws loom::Error if `data` is longer than kMaxHandleBytes. Contents are checked by connect.
+  static Handle from_bytes(std::span<const std::byte> data);
+};
+
+// A registration made on a communicator. Cheap to copy; invalid once deregistered.
+class MemoryRegion {
+ public:
+  MemoryRegion() = default;
+  [[nodiscard]] bool valid() const noexcept { return generation_ != 0; }
+
+ private:
+  friend class p2p::Comm;
+  std::uint32_t slot_ = 0;
+  std::uint32_t generation_ = 0;
+};
+
+struct RecvBuffer {
+  void* data = nullptr;
+  std::size_t size = 0;
+  Tag tag = 0;
+  MemoryRegion region;
+};
+
+struct CommStats {
+  std::uint64_t messages = 0;  // completed sends or received buffers
+  std::uint64_t bytes = 0;
+  std::uint64_t eager = 0;       // messages that went eagerly
+  std::uint64_t rendezvous = 0;  // messages that went by RDMA write
+  std::size_t lane_comms = 0;    // communicators sharing this one's lane
+  std::uint64_t lane_id = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // Registers host (or, with a CUDA build, device) memory for this communicator's endpoints.
+  // Cached: registering the same pages again is cheap. Throws loom::Error.
+  MemoryRegion register_memory(const void* data, std::size_t size,
+                               MemoryType type = MemoryType::kHost, int device = 0);
+  void deregister(MemoryRegion region);
+
+  // Makes progress; `done` turns true once the request finished, and the request is released
+  // then: the returned status is its outcome (kOk or an error; last_error() says why). While
+  // it runs, returns kOk with done == false. `sizes` receives the delivered size of each buffer
+  // of a receive (or the size sent).
+  Status test(Request* request, bool& done, std::span<std::size_t> sizes = {});
+  // test() until done, or kPeerError once LOOM_PEER_TIMEOUT_MS passes without progress.
+  Status wait(Request* request, std::span<std::size_t> sizes = {});
+
+  // Cancels pending requests (their handles become invalid), tells the peer, and releases the
+  // communicator's endpoints share. Safe with requests in flight; idempotent.
+  void close();
+
+  [[nodiscard]] const std::string& last_error() const noexcept;
+  [[nodiscard]] CommStats stats() const;
+
+ protected:
+  explicit Communicator(std::unique_ptr<p2p::Comm> comm);
+  std::unique_ptr<p2p::Comm> comm_;
+};
+
+class SendComm final : public Communicator {
+ public:
+  explicit SendComm(std::unique_ptr<p2p::Comm> comm);
+  // kOk: `request` is set. kRetry: too many requests in flight, test some and try again.
+  // kInvalid: bad region/buffer or closed communicator (last_error() says which).
+  Status isend(const void* data, std::size_t size, Tag tag, MemoryRegion region,
+               Request*& request);
+};
+
+class RecvComm final : public Communicator {
+ public:
+  explicit RecvComm(std::unique_ptr<p2p::Comm> comm);
+  // Posts 1..kMaxRecvBuffers buffers for the next messages, in order.
+  Status irecv(std::span<const RecvBuffer> buffers, Request*& request);
+  // Makes data received into `buffers` visible to the device (GPUDirect). Sets `request` to
+  // nullptr when there is nothing to do (host memory, unless LOOM_FORCE_FLUSH is set).
+  Status iflush(std::span<const RecvBuffer> buffers, Request*& request);
+};
+
+struct ListenerStats {
+  std::uint64_t accepted = 0;
+  std::uint64_t refused = 0;  // connects with a wrong nonce, version or listener
+  std::string last_refusal;
+};
+
+class Listener {
+ public:
+  Listener(Listener&&) noexcept;
+  Listener& operator=(Listener&&) noexcept;
+  ~Listener();
+
+  [[nodiscard]] const Handle& handle() const noexcept;
+  // A receive communicator for the next peer that connected, or nullptr if none yet. Never
+  // blocks. Throws loom::Error if setting up the communicator fails.
+  std::unique_ptr<RecvComm> accept();
+  void close();
+  [[nodiscard]] ListenerStats stats() const;
+
+ private:
+  friend class Context;
+  explicit Listener(std::shared_ptr<p2p::ListenerState> state);
+  std::shared_ptr<p2p::ListenerState> state_;
+};
+
+class Connector {
+ public:
+  Connector(Connector&&) noexcept;
+  Connector& operator=(Connector&&) noexcept;
+  ~Connector();
+
+  // The send communicator once the listener accepted, nullptr before. Never blocks. Throws
+  // loom::Error if the listener refused, or nothing answered within LOOM_CONNECT_TIMEOUT_MS.
+  std::unique_ptr<SendComm> poll();
+
+ private:
+  friend class Context;
+  explicit Connector(std::shared_ptr<p2p::ConnectorState> state);
+  std::shared_ptr<p2p::ConnectorState> state_;
+};
+
+struct NicDescription {
+  std::string name;  // libfabric domain
+  std::string provider;
+  std::string fabric;
+  std::string address;
+  bool endpoint_mr = false;  // registrations are per endpoint (FI_MR_ENDPOINT)
+  std::string locality;      // why it is in this place: "same NUMA node", ... (several NICs)
+};
+
+struct RailDescription {
+  std::string nic;
+  bool data = false;  // data rail, else control rail
+  std::uint64_t bytes_sent = 0;     // tagged and untagged sends
+  std::uint64_t bytes_written = 0;  // RMA writes
+  std::uint64_t bytes_read = 0;     // RMA reads (flushes)
+};
+
+struct LaneDescription {
+  std::uint64_t id = 0;
+  bool send = false;
+  std::size_t comms = 0;
+  std::size_t endpoints = 0;
+  std::size_t registrations = 0;  // fid_mr objects (per endpoint under FI_MR_ENDPOINT)
+  std::size_t registered_bytes = 0;
+  std::uint64_t mr_cache_hits = 0;
+  std::uint64_t mr_cache_misses = 0;
+  std::uint64_t mr_cache_evictions = 0;
+  std::vector<RailDescription> rails;
+};
+
+struct ContextStats {
+  std::vector<LaneDescription> lanes;
+  std::vector<std::pair<std::string, std::size_t>> endpoints_per_nic;  // lanes' endpoints
+  std::uint64_t lanes_opened = 0;
+};
+
+class Context {
+ public:
+  // Opens the NICs the configuration selects. Throws loom::Error (listing the providers that
+  // exist and why each was refused when none fits).
+  explicit Context(const Config& config = Config::from_env());
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  Listener listen();
+  Connector connect(const Handle& handle);
+
+  [[nodiscard]] const Config& config() const noexcept;
+  [[nodiscard]] std::vector<NicDescription> nics() const;
+  [[nodiscard]] ContextStats stats() const;
+
+ private:
+  std::shared_ptr<p2p::ContextCore> core_;
+};
+
+}  // namespace loom

@@ -1,0 +1,155 @@
+#include "mux/control_channel.hpp"
+
+#include <cstring>
+
+#include "ofi/memory_registration.hpp"
+#include "ofi/nic.hpp"
+#include "util/log.hpp"
+#include "util/wire.hpp"
+
+namespace loom::mux {
+
+static_assert(kControlHeaderBytes == 2 + 1 + 1 + 2 + 2);
+static_assert(kMaxControlMessage <= 0xFFFF + kControlHeaderBytes);
+static_assert(std::is_standard_layout_v<ofi::OpContext>);
+
+bool encode_control_header(std::span<std::byte> out, const ControlHeader& header) noexcept {
+  util::WireWriter w(out);
+  w.u16(kControlMagic);
+  w.u8(kControlVersion);
+  w.u8(header.type);
+  w.u16(header.comm);
+  w.u16(header.length);
+  return w.ok();
+}
+
+std::optional<ControlHeader> decode_control_header(std::span<const std::byte> message) noexcept {
+  util::WireReader r(message);
+  const auto magic = r.u16();
+  const auto version = r.u8();
+  ControlHeader header{.type = r.u8(), .comm = r.u16(), .length = r.u16()};
+  if (!r.ok() || magic != kControlMagic || version != kControlVersion ||
+      header.length != r.remaining()) {
+    return std::nullopt;
+  }
+  return header;
+}
+
+ControlChannel::ControlChannel(std::span<ofi::Rail* const> rails, ControlSink& sink)
+    : rails_(rails.begin(), rails.end()),
+      sink_(&sink),
+      rx_slab_(std::make_unique<std::byte[]>(rails.size() * kRxSlotsPerRail * kMaxControlMessage)),
+      tx_slab_(std::make_unique<std::byte[]>(kTxSlots * kMaxControlMessage)) {
+  rx_registration_ = std::make_unique<ofi::MemoryRegistration>(
+      rails_, rx_slab_.get(), rails.size() * kRxSlotsPerRail * kMaxControlMessage);
+  tx_registration_ =
+      std::make_unique<ofi::MemoryRegistration>(rails_, tx_slab_.get(), kTxSlots * kMaxControlMessage);
+  rx_slots_.resize(rails.size() * kRxSlotsPerRail);
+  reposts_.reserve(rx_slots_.size());
+  for (std::uint32_t i = 0; i < rx_slots_.size(); ++i) {
+    rx_slots_[i] = Slot{.op = {.handler = this},
+                        .receive = true,
+                        .rail = static_cast<std::uint32_t>(i / kRxSlotsPerRail),
+                        .index = i};
+  }
+  tx_slots_.resize(kTxSlots);
+  free_tx_.reserve(kTxSlots);
+  for (std::uint32_t i = 0; i < kTxSlots; ++i) {
+    tx_slots_[i] = Slot{.op = {.handler = this}, .receive = false, .rail = 0, .index = i};
+    free_tx_.push_back(kTxSlots - 1 - i);
+  }
+  for (Slot& slot : rx_slots_) {
+    if (post_receive(slot) != Status::kOk) {
+      throw Error("open control channel", rails_[slot.rail]->nic().attributes().provider, 0,
+                  "cannot post control receives on " + rails_[slot.rail]->describe() + ": " +
+                      rails_[slot.rail]->last_error());
+    }
+  }
+}
+
+// Posted receives point into rx_slab_: cancel them so no completion can name a slot after this.
+// The endpoints close right after (the owner's declaration order), which drops them for good.
+ControlChannel::~ControlChannel() {
+  for (Slot& slot : rx_slots_) rails_[slot.rail]->cancel(&slot.op);
+}
+
+std::byte* ControlChannel::rx_buffer(const Slot& slot) noexcept {
+  return rx_slab_.get() + std::size_t{slot.index} * kMaxControlMessage;
+}
+
+std::byte* ControlChannel::tx_buffer(const Slot& slot) noexcept {
+  return tx_slab_.get() + std::size_t{slot.index} * kMaxControlMessage;
+}
+
+Status ControlChannel::post_receive(Slot& slot) {
+  ofi::Rail& rail = *rails_[slot.rail];
+  return rail.recv(rx_buffer(slot), kMaxControlMessage, rx_registration_->desc(rail.index()),
+                   &slot.op);
+}
+
+Status ControlChannel::send(std::size_t rail_index, ofi::Address peer, std::uint8_t type,
+                            CommId comm, std::span<const std::byte> body) {
+  if (body.size() > kMaxControlBody) return Status::kInvalid;
+  ofi::Rail& rail = *rails_[rail_index];
+  const std::size_t total = kControlHeaderBytes + body.size();
+  const ControlHeader header{type, comm, static_cast<std::uint16_t>(body.size())};
+  if (total <= rail.nic().attributes().inject_size) {
+    std::byte message[kMaxControlMessage];
+    encode_control_header(message, header);
+    if (!body.empty()) std::memcpy(message + kControlHeaderBytes, body.data(), body.size());
+    Status status = rail.inject(peer, message, total);
+    if (status == Status::kOk) ++stats_.sent;
+    return status;
+  }
+  if (free_tx_.empty()) return Status::kRetry;
+  Slot& slot = tx_slots_[free_tx_.back()];
+  std::byte* buffer = tx_buffer(slot);
+  encode_control_header({buffer, kControlHeaderBytes}, header);
+  if (!body.empty()) std::memcpy(buffer + kControlHeaderBytes, body.data(), body.size());
+  Status status = rail.send(peer, buffer, total, tx_registration_->desc(rail.index()), &slot.op);
+  if (status == Status::kOk) {
+    free_tx_.pop_back();
+    ++stats_.sent;
+  }
+  return status;
+}
+
+void ControlChannel::retry_reposts() {
+  while (!reposts_.empty()) {
+    if (post_receive(rx_slots_[reposts_.back()]) != Status::kOk) return;
+    reposts_.pop_back();
+  }
+}
+
+void ControlChannel::on_completion(ofi::OpContext& op, const ofi::Completion& completion) {
+  Slot& slot = *reinterpret_cast<Slot*>(&op);
+  if (!slot.receive) {
+    if (completion.status != Status::kOk) {
+      util::log().warn("control send on {} failed: {}", rails_[0]->describe(),
+                       completion.error_text);
+    }
+    free_tx_.push_back(slot.index);
+    return;
+  }
+  if (completion.status == Status::kCancelled) return;  // closing
+  if (completion.status == Status::kOk) {
+    std::span<const std::byte> message{rx_buffer(slot), completion.length};
+    if (auto header = decode_control_header(message)) {
+      ++stats_.received;
+      util::log().trace("control type {} for comm {} ({} bytes) on {} slot {}", header->type,
+                        header->comm, header->length, rails_[slot.rail]->describe(), slot.index);
+      sink_->on_control(*header, message.subspan(kControlHeaderBytes));
+    } else {
+      ++stats_.invalid;
+      util::log().warn("control message of {} bytes dropped on {}: bad magic, version or length",
+                       completion.length, rails_[slot.rail]->describe());
+    }
+  } else {
+    ++stats_.invalid;
+    util::log().warn("control receive on {} failed: {}", rails_[slot.rail]->describe(),
+                     completion.error_text);
+  }
+  if (post_receive(slot) != Status::kOk) reposts_.push_back(slot.index);
+}
+
+}  // namespace loom::mux

@@ -1,0 +1,108 @@
+// Small control messages (handshakes, clear-to-send, ready-to-send, close) over control rails:
+// each rail keeps registered receive buffers posted, sends go out by fi_inject when they fit or
+// from registered send slots. Every received message is checked (magic, version, length) before
+// its body reaches the sink; anything else is counted and dropped.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "loom/error.hpp"
+#include "mux/routing.hpp"
+#include "ofi/completion.hpp"
+#include "ofi/rail.hpp"
+
+namespace loom::ofi {
+class MemoryRegistration;
+}
+
+namespace loom::mux {
+
+inline constexpr std::uint16_t kControlMagic = 0x4D4C;  // "LM"
+inline constexpr std::uint8_t kControlVersion = 1;
+inline constexpr std::size_t kControlHeaderBytes = 8;
+inline constexpr std::size_t kMaxControlMessage = 2048;
+inline constexpr std::size_t kMaxControlBody = kMaxControlMessage - kControlHeaderBytes;
+
+struct ControlHeader {
+  std::uint8_t type = 0;
+  CommId comm = 0;       // the communicator the message is for, on the receiving lane
+  std::uint16_t length = 0;  // body bytes
+};
+
+// Writes the header for a body of `length` bytes; returns false if it does not fit.
+bool encode_control_header(std::span<std::byte> out, const ControlHeader& header) noexcept;
+// Validates magic, version and that the length matches the bytes received.
+[[nodiscard]] std::optional<ControlHeader> decode_control_header(
+    std::span<const std::byte> message) noexcept;
+
+class ControlSink {
+ public:
+  virtual void on_control(const ControlHeader& header, std::span<const std::byte> body) = 0;
+
+ protected:
+  ~ControlSink() = default;
+};
+
+struct ControlStats {
+  std::uint64_t sent = 0;
+  std::uint64_t received = 0;
+  std::uint64_t invalid = 0;  // bad magic/version/length, truncated or failed receives
+};
+
+class ControlChannel final : ofi::CompletionHandler {
+ public:
+  static constexpr std::size_t kRxSlotsPerRail = 64;
+  static constexpr std::size_t kTxSlots = 64;
+
+  // `rails` are the control rails to receive and send on; they outlive the channel.
+  ControlChannel(std::span<ofi::Rail* const> rails, ControlSink& sink);
+  ~ControlChannel();
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
+
+  [[nodiscard]] std::size_t rails() const noexcept { return rails_.size(); }
+  [[nodiscard]] ofi::Rail& rail(std::size_t i) const noexcept { return *rails_[i]; }
+
+  // Sends header + body to `peer` (an address in rails()[rail]'s AV). kRetry: no send slot or
+  // provider back-pressure, try again after progress; kInvalid: body too large; kError: failed.
+  Status send(std::size_t rail, ofi::Address peer, std::uint8_t type, CommId comm,
+              std::span<const std::byte> body);
+
+  // Reposts receive buffers the provider refused earlier. Called from the owner's progress.
+  void retry_reposts();
+
+  [[nodiscard]] const ControlStats& stats() const noexcept { return stats_; }
+
+ private:
+  struct Slot {
+    ofi::OpContext op;  // first: the completion hands back &op
+    bool receive;
+    std::uint32_t rail;
+    std::uint32_t index;
+  };
+
+  void on_completion(ofi::OpContext& op, const ofi::Completion& completion) override;
+  std::byte* rx_buffer(const Slot& slot) noexcept;
+  std::byte* tx_buffer(const Slot& slot) noexcept;
+  Status post_receive(Slot& slot);
+
+  std::vector<ofi::Rail*> rails_;
+  ControlSink* sink_;
+  std::unique_ptr<std::byte[]> rx_slab_;
+  std::unique_ptr<std::byte[]> tx_slab_;
+  std::vector<Slot> rx_slots_;
+  std::vector<Slot> tx_slots_;
+  std::vector<std::uint32_t> free_tx_;
+  std::vector<std::uint32_t> reposts_;
+  // Registrations bound to the control endpoints: declared last, closed first.
+  std::unique_ptr<ofi::MemoryRegistration> rx_registration_;
+  std::unique_ptr<ofi::MemoryRegistration> tx_registration_;
+  ControlStats stats_;
+};
+
+}  // namespace loom::mux

@@ -1,0 +1,137 @@
+#include "mux/lane.hpp"
+
+#include <algorithm>
+
+#include "loom/error.hpp"
+#include "ofi/nic.hpp"
+#include "util/log.hpp"
+
+namespace loom::mux {
+namespace {
+
+constexpr std::size_t kInitialCommSlots = 16;
+constexpr std::size_t kMaxComms = std::size_t{1} << kCommIdBits;
+
+}  // namespace
+
+Lane::Lane(std::span<ofi::Nic* const> nics, const LaneShape& shape, LaneKey key, std::uint64_t id)
+    : key_(key), id_(id) {
+  const auto& nic = nics.front()->attributes();
+  if (nic.tag_bits < kUsableTagBits) {
+    throw Error("open lane", nic.provider, 0,
+                "the provider offers " + std::to_string(nic.tag_bits) +
+                    " tag bits; loom needs " + std::to_string(kUsableTagBits));
+  }
+  if (nic.cq_data_bytes < 4) {
+    throw Error("open lane", nic.provider, 0,
+                "the provider carries " + std::to_string(nic.cq_data_bytes) +
+                    " bytes of remote CQ data; loom needs 4");
+  }
+  rails_ = std::make_unique<ofi::RailSet>(
+      nics, ofi::RailSetShape{.data_rails = shape.data_rails,
+                              .control_rails = shape.control_rails,
+                              .depths = shape.depths,
+                              .mr_cache_entries = shape.mr_cache_entries});
+  for (std::size_t i = 0; i < rails_->data_rails(); ++i) {
+    rails_->data(i).set_remote_write_handler(this);
+  }
+  auto all = rails_->rails();
+  control_ = std::make_unique<ControlChannel>(all.subspan(rails_->data_rails()),
+                                            static_cast<ControlSink&>(*this));
+  comms_.resize(kInitialCommSlots, nullptr);
+  retries_.reserve(kInitialCommSlots);
+  retrying_.reserve(kInitialCommSlots);
+  util::log().debug("lane {} opened: {} data + {} control rails", id_, rails_->data_rails(),
+                    rails_->control_rails());
+}
+
+Lane::~Lane() {
+  control_.reset();
+  rails_.reset();
+  retired_.clear();
+  util::log().debug("lane {} closed", id_);
+}
+
+CommId Lane::attach(CommPort& port) {
+  if (attached_ == comms_.size()) {
+    if (comms_.size() == kMaxComms) {
+      throw Error("attach communicator", rails_->data(0).nic().attributes().provider, 0,
+                  "lane " + std::to_string(id_) + " already carries " +
+                      std::to_string(kMaxComms) + " communicators");
+    }
+    next_id_ = static_cast<CommId>(comms_.size());
+    comms_.resize(comms_.size() * 2, nullptr);
+  }
+  // Round robin: an id comes back only after every other free id was used, so late traffic
+  // for a closed communicator is long drained before its id is reused.
+  while (comms_[next_id_] != nullptr) next_id_ = static_cast<CommId>((next_id_ + 1) % comms_.size());
+  const CommId id = next_id_;
+  comms_[id] = &port;
+  ++attached_;
+  next_id_ = static_cast<CommId>((id + 1) % comms_.size());
+  return id;
+}
+
+void Lane::detach(CommId id) noexcept {
+  if (id < comms_.size() && comms_[id] != nullptr) {
+    comms_[id] = nullptr;
+    --attached_;
+  }
+}
+
+void Lane::retire(std::unique_ptr<CommPort> port) { retired_.push_back(std::move(port)); }
+
+void Lane::schedule_retry(CommId id) {
+  if (std::find(retries_.begin(), retries_.end(), id) == retries_.end()) retries_.push_back(id);
+}
+
+ofi::Address Lane::peer_address(std::size_t rail, std::span<const std::byte> name) {
+  auto key = std::make_pair(rail, std::vector<std::byte>(name.begin(), name.end()));
+  if (auto it = peers_.find(key); it != peers_.end()) return it->second;
+  ofi::Address address = rails_->rails()[rail]->insert_peer(name);
+  peers_.emplace(std::move(key), address);
+  return address;
+}
+
+std::size_t Lane::progress() {
+  std::size_t handled = rails_->progress();
+  control_->retry_reposts();
+  if (!retries_.empty()) [[unlikely]] {
+    retrying_.swap(retries_);
+    for (CommId id : retrying_) {
+      if (id < comms_.size() && comms_[id] != nullptr) comms_[id]->on_retry();
+    }
+    retrying_.clear();
+  }
+  return handled;
+}
+
+LaneStats Lane::stats() const noexcept {
+  LaneStats stats = stats_;
+  stats.comms = attached_;
+  return stats;
+}
+
+void Lane::on_remote_write(std::uint64_t data) {
+  const WriteImmediate immediate = decode_immediate(static_cast<std::uint32_t>(data));
+  if (immediate.comm < comms_.size() && comms_[immediate.comm] != nullptr) [[likely]] {
+    comms_[immediate.comm]->on_remote_write(immediate);
+    return;
+  }
+  ++stats_.stray_remote_writes;
+  util::log().warn("lane {}: remote write for comm {} which is not open here; dropped", id_,
+                   immediate.comm);
+}
+
+void Lane::on_control(const ControlHeader& header, std::span<const std::byte> body) {
+  util::log().trace("lane {}: control type {} for comm {}", id_, header.type, header.comm);
+  if (header.comm < comms_.size() && comms_[header.comm] != nullptr) [[likely]] {
+    comms_[header.comm]->on_control(header, body);
+    return;
+  }
+  ++stats_.stray_control;
+  util::log().warn("lane {}: control message type {} for comm {} which is not open here; dropped",
+                   id_, header.type, header.comm);
+}
+
+}  // namespace loom::mux

@@ -1,0 +1,111 @@
+// A lane: one rail set (data + control endpoints with their CQs, AVs and posted control
+// buffers) shared by the communicators to one peer in one direction. Completions reach the right
+// communicator by context (own operations), by the comm id in remote CQ data (RMA writes) or in
+// the control header (control messages); ids of closed communicators are never delivered to.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "mux/control_channel.hpp"
+#include "mux/routing.hpp"
+#include "ofi/rail_set.hpp"
+
+namespace loom::ofi {
+class Nic;
+}
+
+namespace loom::mux {
+
+enum class Direction : std::uint8_t { kSend, kRecv };
+
+struct LaneKey {
+  std::uint64_t peer = 0;  // the peer context's id
+  Direction direction = Direction::kSend;
+  // Send lanes: the group index (or a fresh number when grouping is off). Receive lanes: the id
+  // of the sender's lane, so a receive lane pairs with exactly one send lane.
+  std::uint64_t group = 0;
+  auto operator<=>(const LaneKey&) const = default;
+};
+
+struct LaneShape {
+  std::size_t data_rails = 1;
+  std::size_t control_rails = 1;
+  ofi::RailDepths depths;
+  std::size_t mr_cache_entries = 1024;
+};
+
+// A communicator as its lane sees it.
+class CommPort {
+ public:
+  virtual ~CommPort() = default;
+  virtual void on_control(const ControlHeader& header, std::span<const std::byte> body) = 0;
+  virtual void on_remote_write(WriteImmediate immediate) = 0;
+  // Called from Lane::progress after schedule_retry(): post what back-pressure held back.
+  virtual void on_retry() = 0;
+};
+
+struct LaneStats {
+  std::size_t comms = 0;                // attached now
+  std::uint64_t stray_control = 0;      // control messages for a comm id not attached
+  std::uint64_t stray_remote_writes = 0;  // remote CQ data for a comm id not attached
+};
+
+class Lane final : ofi::RemoteWriteHandler, ControlSink {
+ public:
+  Lane(std::span<ofi::Nic* const> nics, const LaneShape& shape, LaneKey key, std::uint64_t id);
+  ~Lane();
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  [[nodiscard]] const LaneKey& key() const noexcept { return key_; }
+  [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+  [[nodiscard]] ofi::RailSet& rails() noexcept { return *rails_; }
+  [[nodiscard]] ControlChannel& control() noexcept { return *control_; }
+  // Held by a communicator for every call it makes; completions are dispatched under it.
+  [[nodiscard]] std::mutex& mutex() noexcept { return mutex_; }
+
+  // Gives `port` a comm id unique on this lane. Throws loom::Error when all ids are taken.
+  CommId attach(CommPort& port);
+  // Frees the id: nothing is routed to it any more.
+  void detach(CommId id) noexcept;
+  // Keeps a closed communicator whose operations may still complete: it is destroyed only after
+  // the lane's endpoints are closed, so no completion can touch freed memory.
+  void retire(std::unique_ptr<CommPort> port);
+  // Asks for port.on_retry() at the next progress.
+  void schedule_retry(CommId id);
+
+  // The peer's address on rail `rail`, inserted into that rail's AV once.
+  ofi::Address peer_address(std::size_t rail, std::span<const std::byte> name);
+
+  std::size_t progress();
+
+  [[nodiscard]] LaneStats stats() const noexcept;
+
+ private:
+  void on_remote_write(std::uint64_t data) override;
+  void on_control(const ControlHeader& header, std::span<const std::byte> body) override;
+
+  LaneKey key_;
+  std::uint64_t id_;
+  // Declaration order is teardown order, reversed: control channel (its registrations), then the
+  // rails (endpoints), then communicators retired with operations outstanding.
+  std::vector<std::unique_ptr<CommPort>> retired_;
+  std::unique_ptr<ofi::RailSet> rails_;
+  std::unique_ptr<ControlChannel> control_;
+  std::vector<CommPort*> comms_;  // indexed by comm id; grows by doubling
+  std::size_t attached_ = 0;
+  CommId next_id_ = 0;
+  std::vector<CommId> retries_;
+  std::vector<CommId> retrying_;
+  std::map<std::pair<std::size_t, std::vector<std::byte>>, ofi::Address> peers_;
+  std::mutex mutex_;
+  LaneStats stats_;
+};
+
+}  // namespace loom::mux

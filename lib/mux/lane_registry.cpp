@@ -1,0 +1,104 @@
+#include "mux/lane_registry.hpp"
+
+#include <algorithm>
+
+#include "ofi/nic.hpp"
+#include "util/log.hpp"
+
+namespace loom::mux {
+
+LaneRegistry::LaneRegistry(std::vector<ofi::Nic*> nics, LaneShape shape, unsigned ngroups)
+    : nics_(std::move(nics)), shape_(shape), ngroups_(ngroups) {}
+
+LaneRegistry::~LaneRegistry() = default;
+
+Lane& LaneRegistry::join(const LaneKey& key) {
+  Entry& entry = lanes_[key];
+  if (!entry.lane) {
+    try {
+      entry.lane = std::make_unique<Lane>(nics_, shape_, key, next_lane_id_++);
+    } catch (...) {
+      lanes_.erase(key);
+      throw;
+    }
+    ++lanes_opened_;
+    order_.push_back(entry.lane.get());
+  }
+  ++entry.references;
+  return *entry.lane;
+}
+
+Lane& LaneRegistry::join_send(std::uint64_t peer) {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t ordinal = send_ordinals_[peer]++;
+  // Without grouping the ordinal itself keys the lane: never shared.
+  const std::uint64_t group = ngroups_ == 0 ? ordinal : ordinal % ngroups_;
+  return join(LaneKey{peer, Direction::kSend, group});
+}
+
+Lane& LaneRegistry::join_recv(std::uint64_t peer, std::uint64_t sender_lane) {
+  std::lock_guard lock(mutex_);
+  return join(LaneKey{peer, Direction::kRecv, sender_lane});
+}
+
+void LaneRegistry::leave(Lane& lane) {
+  std::unique_ptr<Lane> closing;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = lanes_.find(lane.key());
+    if (it == lanes_.end() || it->second.lane.get() != &lane) {
+      util::log().error("lane registry: leave() for a lane it does not hold ({})", lane.id());
+      return;
+    }
+    if (--it->second.references == 0) {
+      closing = std::move(it->second.lane);
+      lanes_.erase(it);
+      std::erase(order_, closing.get());
+    }
+  }
+  // Closed outside the registry lock: closing endpoints can take a while.
+}
+
+void LaneRegistry::progress_another(const Lane& busy) {
+  std::unique_lock registry(mutex_, std::try_to_lock);
+  if (!registry.owns_lock() || order_.size() < 2) return;
+  cursor_ = (cursor_ + 1) % order_.size();
+  Lane* lane = order_[cursor_];
+  if (lane == &busy) {
+    cursor_ = (cursor_ + 1) % order_.size();
+    lane = order_[cursor_];
+  }
+  // The registry lock is held throughout: leave() cannot destroy the lane meanwhile.
+  std::unique_lock lane_lock(lane->mutex(), std::try_to_lock);
+  if (lane_lock.owns_lock()) lane->progress();
+}
+
+RegistryStats LaneRegistry::stats() const {
+  std::lock_guard lock(mutex_);
+  RegistryStats stats;
+  stats.lanes_opened = lanes_opened_;
+  for (const auto& [key, entry] : lanes_) {
+    Lane& lane = *entry.lane;
+    std::lock_guard lane_lock(lane.mutex());
+    LaneSummary summary{.id = lane.id(),
+                        .direction = key.direction,
+                        .peer = key.peer,
+                        .comms = entry.references,
+                        .endpoints = lane.rails().rails().size(),
+                        .mr_cache = lane.rails().mr_cache().stats(),
+                        .rails = {}};
+    for (ofi::Rail* rail : lane.rails().rails()) {
+      ++stats.endpoints_per_nic[rail->nic().attributes().domain];
+      const ofi::RailStats& r = rail->stats();
+      summary.rails.push_back(RailSummary{.nic = rail->nic().attributes().domain,
+                                          .data = rail->role() == ofi::RailRole::kData,
+                                          .bytes_sent = r.bytes_sent,
+                                          .bytes_written = r.bytes_written,
+                                          .bytes_read = r.bytes_read});
+    }
+    stats.lanes.push_back(std::move(summary));
+  }
+  return stats;
+}
+
+}  // namespace loom::mux

@@ -1,0 +1,89 @@
+// N:m grouping: the communicators to one peer in one direction share m lanes. A communicator's
+// group is its ordinal to that peer mod m; the first one in a group opens the lane, the others
+// take a reference. m == 0 turns sharing off (a lane per communicator) for comparison.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mux/lane.hpp"
+
+namespace loom::ofi {
+class Nic;
+}
+
+namespace loom::mux {
+
+struct RailSummary {
+  std::string nic;
+  bool data;
+  std::uint64_t bytes_sent;
+  std::uint64_t bytes_written;
+  std::uint64_t bytes_read;
+};
+
+struct LaneSummary {
+  std::uint64_t id;
+  Direction direction;
+  std::uint64_t peer;
+  std::size_t comms;      // communicators holding the lane (attached or draining)
+  std::size_t endpoints;  // rails
+  ofi::MrCacheStats mr_cache;
+  std::vector<RailSummary> rails;
+};
+
+struct RegistryStats {
+  std::vector<LaneSummary> lanes;
+  std::map<std::string, std::size_t> endpoints_per_nic;  // by domain name
+  std::uint64_t lanes_opened = 0;  // since the registry was made
+};
+
+class LaneRegistry {
+ public:
+  LaneRegistry(std::vector<ofi::Nic*> nics, LaneShape shape, unsigned ngroups);
+  ~LaneRegistry();
+  LaneRegistry(const LaneRegistry&) = delete;
+  LaneRegistry& operator=(const LaneRegistry&) = delete;
+
+  // The lane a new send communicator to `peer` joins. Throws loom::Error if a lane cannot open.
+  Lane& join_send(std::uint64_t peer);
+  // The receive lane paired with the sender's lane `sender_lane` of `peer`.
+  Lane& join_recv(std::uint64_t peer, std::uint64_t sender_lane);
+  // A communicator is gone from `lane` for good; the last one out closes it.
+  void leave(Lane& lane);
+
+  // Progresses one lane other than `busy`, round robin, if neither the registry nor that lane
+  // is held by another thread. With manual progress a peer's request can depend on any of our
+  // lanes (our receive lane must run for our peer's send to finish while we wait on our own
+  // send), so every test() also gives the other lanes a turn; try_lock keeps threads that drive
+  // their own lanes from ever waiting on each other.
+  void progress_another(const Lane& busy);
+
+  [[nodiscard]] RegistryStats stats() const;
+  [[nodiscard]] unsigned ngroups() const noexcept { return ngroups_; }
+
+ private:
+  struct Entry {
+    std::unique_ptr<Lane> lane;
+    std::size_t references = 0;
+  };
+  Lane& join(const LaneKey& key);
+
+  std::vector<ofi::Nic*> nics_;
+  LaneShape shape_;
+  unsigned ngroups_;
+  mutable std::mutex mutex_;
+  std::map<LaneKey, Entry> lanes_;
+  std::vector<Lane*> order_;  // lanes for progress_another, in opening order
+  std::size_t cursor_ = 0;
+  std::map<std::uint64_t, std::uint64_t> send_ordinals_;  // peer -> send communicators so far
+  std::uint64_t next_lane_id_ = 1;
+  std::uint64_t lanes_opened_ = 0;
+};
+
+}  // namespace loom::mux

@@ -1,0 +1,73 @@
+// How completions find their communicator on a shared lane: the comm id rides in the tag of
+// eager messages and in the remote CQ data of RMA writes. Bit budgets are fixed here and
+// checked at compile time: tags within 48 bits (CXI reserves the rest), CQ data within 32 bits
+// (EFA's cq_data_size is 4).
+#pragma once
+
+#include <cstdint>
+
+namespace loom::mux {
+
+using CommId = std::uint16_t;
+
+inline constexpr unsigned kCommIdBits = 16;
+inline constexpr unsigned kTagKindBits = 4;
+inline constexpr unsigned kTagSeqBits = 24;
+inline constexpr unsigned kUsableTagBits = 48;
+static_assert(kTagKindBits + kCommIdBits + kTagSeqBits <= kUsableTagBits);
+
+enum class TagKind : std::uint8_t {
+  kEager = 1,  // a message sent eagerly straight into the posted receive buffer
+};
+
+struct DataTag {
+  TagKind kind;
+  CommId comm;
+  std::uint32_t seq;  // low kTagSeqBits of the message sequence number
+};
+
+inline constexpr std::uint32_t kTagSeqMask = (1u << kTagSeqBits) - 1;
+
+constexpr std::uint64_t encode_tag(DataTag t) {
+  return (std::uint64_t{static_cast<std::uint8_t>(t.kind)} << (kCommIdBits + kTagSeqBits)) |
+         (std::uint64_t{t.comm} << kTagSeqBits) | (t.seq & kTagSeqMask);
+}
+
+constexpr DataTag decode_tag(std::uint64_t tag) {
+  return DataTag{static_cast<TagKind>((tag >> (kCommIdBits + kTagSeqBits)) &
+                                      ((1u << kTagKindBits) - 1)),
+                 static_cast<CommId>(tag >> kTagSeqBits), static_cast<std::uint32_t>(tag & kTagSeqMask)};
+}
+
+// Remote CQ data of a rendezvous stripe: comm id | sequence | stripe count.
+inline constexpr unsigned kImmSeqBits = 12;
+inline constexpr unsigned kImmStripeBits = 4;
+static_assert(kCommIdBits + kImmSeqBits + kImmStripeBits == 32);
+inline constexpr std::uint32_t kImmSeqMask = (1u << kImmSeqBits) - 1;
+inline constexpr unsigned kMaxStripes = 1u << kImmStripeBits;
+
+struct WriteImmediate {
+  CommId comm;
+  std::uint16_t seq;     // low kImmSeqBits of the message sequence number
+  std::uint8_t stripes;  // 1 .. kMaxStripes
+};
+
+constexpr std::uint32_t encode_immediate(WriteImmediate w) {
+  return (std::uint32_t{w.comm} << (kImmSeqBits + kImmStripeBits)) |
+         ((w.seq & kImmSeqMask) << kImmStripeBits) | ((w.stripes - 1u) & (kMaxStripes - 1));
+}
+
+constexpr WriteImmediate decode_immediate(std::uint32_t data) {
+  return WriteImmediate{static_cast<CommId>(data >> (kImmSeqBits + kImmStripeBits)),
+                        static_cast<std::uint16_t>((data >> kImmStripeBits) & kImmSeqMask),
+                        static_cast<std::uint8_t>((data & (kMaxStripes - 1)) + 1)};
+}
+
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xABCDEF})).comm == 0xBEEF);
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xABCDEF})).seq == 0xABCDEF);
+static_assert(encode_tag({TagKind::kEager, 0xFFFF, 0xFFFFFFFF}) < (1ull << kUsableTagBits));
+static_assert(decode_immediate(encode_immediate({0x1234, 0xFFF, 16})).stripes == 16);
+static_assert(decode_immediate(encode_immediate({0x1234, 0xABC, 1})).seq == 0xABC);
+static_assert(decode_immediate(encode_immediate({0xFFFF, 0, 3})).comm == 0xFFFF);
+
+}  // namespace loom::mux

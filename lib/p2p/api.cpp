@@ -1,0 +1,159 @@
+// The public classes of include/loom/p2p.hpp, forwarding to lib/p2p.
+#include "loom/p2p.hpp"
+
+#include <algorithm>
+
+#include "p2p/context_core.hpp"
+#include "p2p/recv_comm.hpp"
+#include "p2p/send_comm.hpp"
+
+namespace loom {
+
+Handle Handle::from_bytes(std::span<const std::byte> data) {
+  if (data.size() > kMaxHandleBytes) {
+    throw Error("handle", "", 0,
+                std::to_string(data.size()) + " bytes is longer than a handle (" +
+                    std::to_string(kMaxHandleBytes) + ")");
+  }
+  Handle handle;
+  std::copy(data.begin(), data.end(), handle.bytes.begin());
+  handle.size = data.size();
+  return handle;
+}
+
+// ---- communicators ----
+
+Communicator::Communicator(std::unique_ptr<p2p::Comm> comm) : comm_(std::move(comm)) {}
+
+Communicator::~Communicator() { close(); }
+
+MemoryRegion Communicator::register_memory(const void* data, std::size_t size, MemoryType type,
+                                           int device) {
+  if (!comm_) throw Error("register memory", "", 0, "communicator is closed");
+  return comm_->register_memory(data, size, type, device);
+}
+
+void Communicator::deregister(MemoryRegion region) {
+  if (comm_) comm_->deregister(region);
+}
+
+namespace {
+const std::string kClosed = "the communicator is closed";
+}
+
+Status Communicator::test(Request* request, bool& done, std::span<std::size_t> sizes) {
+  done = false;
+  if (!comm_) return Status::kInvalid;
+  return comm_->test(request, done, sizes);
+}
+
+Status Communicator::wait(Request* request, std::span<std::size_t> sizes) {
+  if (!comm_) return Status::kInvalid;
+  return comm_->wait(request, sizes);
+}
+
+void Communicator::close() {
+  if (comm_) p2p::Comm::close(std::move(comm_));
+}
+
+const std::string& Communicator::last_error() const noexcept {
+  return comm_ ? comm_->last_error() : kClosed;
+}
+
+CommStats Communicator::stats() const { return comm_ ? comm_->stats() : CommStats{}; }
+
+SendComm::SendComm(std::unique_ptr<p2p::Comm> comm) : Communicator(std::move(comm)) {}
+
+Status SendComm::isend(const void* data, std::size_t size, Tag tag, MemoryRegion region,
+                       Request*& request) {
+  request = nullptr;
+  if (!comm_) return Status::kInvalid;
+  return static_cast<p2p::SendCommImpl&>(*comm_).isend(data, size, tag, region, request);
+}
+
+RecvComm::RecvComm(std::unique_ptr<p2p::Comm> comm) : Communicator(std::move(comm)) {}
+
+Status RecvComm::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
+  request = nullptr;
+  if (!comm_) return Status::kInvalid;
+  return static_cast<p2p::RecvCommImpl&>(*comm_).irecv(buffers, request);
+}
+
+Status RecvComm::iflush(std::span<const RecvBuffer> buffers, Request*& request) {
+  request = nullptr;
+  if (!comm_) return Status::kInvalid;
+  return static_cast<p2p::RecvCommImpl&>(*comm_).iflush(buffers, request);
+}
+
+// ---- listener and connector ----
+
+Listener::Listener(std::shared_ptr<p2p::ListenerState> state) : state_(std::move(state)) {}
+Listener::Listener(Listener&&) noexcept = default;
+Listener& Listener::operator=(Listener&&) noexcept = default;
+Listener::~Listener() = default;
+const Handle& Listener::handle() const noexcept { return state_->handle(); }
+std::unique_ptr<RecvComm> Listener::accept() { return state_->accept(); }
+void Listener::close() { state_->close(); }
+ListenerStats Listener::stats() const { return state_->stats(); }
+
+Connector::Connector(std::shared_ptr<p2p::ConnectorState> state) : state_(std::move(state)) {}
+Connector::Connector(Connector&&) noexcept = default;
+Connector& Connector::operator=(Connector&&) noexcept = default;
+Connector::~Connector() = default;
+std::unique_ptr<SendComm> Connector::poll() { return state_->poll(); }
+
+// ---- context ----
+
+Context::Context(const Config& config) : core_(std::make_shared<p2p::ContextCore>(config)) {}
+Context::~Context() = default;
+
+Listener Context::listen() { return Listener(std::make_shared<p2p::ListenerState>(core_)); }
+
+Connector Context::connect(const Handle& handle) {
+  return Connector(std::make_shared<p2p::ConnectorState>(core_, handle));
+}
+
+const Config& Context::config() const noexcept { return core_->config(); }
+
+std::vector<NicDescription> Context::nics() const {
+  std::vector<NicDescription> out;
+  const auto& localities = core_->localities();
+  for (std::size_t i = 0; i < core_->nics().size(); ++i) {
+    const auto& a = core_->nics()[i]->attributes();
+    out.push_back({a.domain, a.provider, a.fabric, a.address, a.endpoint_mr,
+                   i < localities.size() ? localities[i] : std::string()});
+  }
+  return out;
+}
+
+ContextStats Context::stats() const {
+  const mux::RegistryStats registry = core_->lanes().stats();
+  ContextStats stats;
+  stats.lanes_opened = registry.lanes_opened;
+  for (const auto& lane : registry.lanes) {
+    LaneDescription description{.id = lane.id,
+                                .send = lane.direction == mux::Direction::kSend,
+                                .comms = lane.comms,
+                                .endpoints = lane.endpoints,
+                                .registrations = lane.mr_cache.registrations,
+                                .registered_bytes = lane.mr_cache.bytes,
+                                .mr_cache_hits = lane.mr_cache.hits,
+                                .mr_cache_misses = lane.mr_cache.misses,
+                                .mr_cache_evictions = lane.mr_cache.evictions,
+                                .rails = {}};
+    for (const auto& rail : lane.rails) {
+      description.rails.push_back(RailDescription{.nic = rail.nic,
+                                                  .data = rail.data,
+                                                  .bytes_sent = rail.bytes_sent,
+                                                  .bytes_written = rail.bytes_written,
+                                                  .bytes_read = rail.bytes_read});
+    }
+    stats.lanes.push_back(std::move(description));
+  }
+  for (const auto& [nic, count] : registry.endpoints_per_nic) {
+    stats.endpoints_per_nic.emplace_back(nic, count);
+  }
+  return stats;
+}
+
+}  // namespace loom

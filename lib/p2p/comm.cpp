@@ -1,0 +1,309 @@
+#include "p2p/comm.hpp"
+
+#include <chrono>
+#include <thread>
+
+#include "ofi/memory_registration.hpp"
+#include "ofi/nic.hpp"
+#include "p2p/context_core.hpp"
+#include "util/log.hpp"
+
+namespace loom::p2p {
+namespace {
+
+// How long close() waits for the provider to hand back operations of the communicator before
+// leaving them to the lane (freed when its endpoints close).
+constexpr auto kCloseDrain = std::chrono::milliseconds(200);
+
+}  // namespace
+
+void Request::on_completion(ofi::OpContext& op, const ofi::Completion& completion) {
+  comm->on_op(*this, op_index(op), completion);
+}
+
+Comm::Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction direction)
+    : core_(std::move(core)),
+      lane_(&lane),
+      direction_(direction),
+      eager_max_(core_->config().eager_max),
+      requests_(kMaxRequests) {
+  free_requests_.reserve(kMaxRequests);
+  for (std::size_t i = kMaxRequests; i-- > 0;) {
+    requests_[i].comm = this;
+    for (auto& op : requests_[i].ops) op.handler = &requests_[i];
+    free_requests_.push_back(static_cast<std::uint16_t>(i));
+  }
+  retry_.reserve(kMaxRequests);
+  retrying_.reserve(kMaxRequests);
+  std::lock_guard lock(lane.mutex());
+  id_ = lane.attach(*this);
+}
+
+Comm::~Comm() = default;
+
+LaneAddresses Comm::local_addresses() const {
+  LaneAddresses addresses{.lane = lane_->id(), .comm = id_, .data = {}, .control = {}};
+  auto& rails = lane_->rails();
+  for (std::size_t i = 0; i < rails.data_rails(); ++i) {
+    auto a = rails.data(i).address();
+    addresses.data.emplace_back(a.begin(), a.end());
+  }
+  for (std::size_t i = 0; i < rails.control_rails(); ++i) {
+    auto a = rails.control(i).address();
+    addresses.control.emplace_back(a.begin(), a.end());
+  }
+  return addresses;
+}
+
+void Comm::connect_peer(const LaneAddresses& peer) {
+  std::lock_guard lock(lane_->mutex());
+  auto& rails = lane_->rails();
+  data_rails_ = std::min(rails.data_rails(), peer.data.size());
+  control_rails_ = std::min(rails.control_rails(), peer.control.size());
+  peer_id_ = peer.comm;
+  for (std::size_t i = 0; i < data_rails_; ++i) {
+    peer_data_.push_back(lane_->peer_address(i, peer.data[i]));
+  }
+  for (std::size_t i = 0; i < control_rails_; ++i) {
+    peer_control_.push_back(lane_->peer_address(rails.data_rails() + i, peer.control[i]));
+  }
+}
+
+MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryType type,
+                                   int device) {
+  std::lock_guard lock(lane_->mutex());
+  if (closed_) throw Error("register memory", core_->provider(), 0, "communicator is closed");
+  ofi::MemoryRegistration& registration =
+      lane_->rails().mr_cache().acquire(data, size, type, device);
+  std::uint32_t slot;
+  if (free_registrations_.empty()) {
+    slot = static_cast<std::uint32_t>(registrations_.size());
+    registrations_.emplace_back();
+  } else {
+    slot = free_registrations_.back();
+    free_registrations_.pop_back();
+  }
+  Registration& entry = registrations_[slot];
+  entry.registration = &registration;
+  entry.base = static_cast<const std::byte*>(data);
+  entry.size = size;
+  // Generations start at 1 and never repeat for a slot: a stale region cannot pass lookup().
+  entry.generation = entry.generation + 1;
+  MemoryRegion region;
+  region.slot_ = slot;
+  region.generation_ = entry.generation;
+  return region;
+}
+
+void Comm::deregister(MemoryRegion region) {
+  std::lock_guard lock(lane_->mutex());
+  if (region.slot_ >= registrations_.size()) return;
+  Registration& entry = registrations_[region.slot_];
+  if (entry.registration == nullptr || entry.generation != region.generation_) return;
+  lane_->rails().mr_cache().release(*entry.registration);
+  entry.registration = nullptr;
+  free_registrations_.push_back(region.slot_);
+}
+
+const ofi::MemoryRegistration* Comm::lookup(const MemoryRegion& region, const void* data,
+                                            std::size_t size) {
+  if (region.slot_ >= registrations_.size() ||
+      registrations_[region.slot_].registration == nullptr ||
+      registrations_[region.slot_].generation != region.generation_) [[unlikely]] {
+    reject(Status::kInvalid, "the memory region is not registered on this communicator");
+    return nullptr;
+  }
+  const Registration& entry = registrations_[region.slot_];
+  auto p = static_cast<const std::byte*>(data);
+  if (p < entry.base || size > entry.size || static_cast<std::size_t>(p - entry.base) > entry.size - size)
+      [[unlikely]] {
+    reject(Status::kInvalid, "buffer of " + std::to_string(size) +
+                                 " bytes lies outside its registered region of " +
+                                 std::to_string(entry.size) + " bytes");
+    return nullptr;
+  }
+  return entry.registration;
+}
+
+Status Comm::reject(Status status, std::string text) {
+  last_error_ = std::move(text);
+  return status;
+}
+
+Request* Comm::allocate(RequestKind kind) {
+  if (free_requests_.empty()) [[unlikely]] return nullptr;
+  Request& r = requests_[free_requests_.back()];
+  free_requests_.pop_back();
+  r.kind = kind;
+  r.in_use = true;
+  r.queued = false;
+  r.part_count = 0;
+  r.ops_outstanding = 0;
+  r.status = Status::kOk;
+  r.eager = r.eager_posted = r.local_done = r.rts_sent = r.cts_matched = r.cts_sent = false;
+  r.abandoned = false;
+  r.stripes = r.stripes_posted = r.stripes_done = 0;
+  r.error.clear();
+  return &r;
+}
+
+bool Comm::finished(const Request& r) const noexcept {
+  if (r.ops_outstanding != 0) return false;
+  // The peer must have heard what it waits for: a receive's clear-to-send (its sender cannot
+  // finish without it, even when the data already came), a rendezvous send's ready-to-send.
+  const bool told = r.kind == RequestKind::kRecv                  ? r.cts_sent
+                    : r.kind == RequestKind::kSend && !r.eager ? r.rts_sent || r.abandoned
+                                                                 : true;
+  if (!told && !closed_ && !peer_closed_) return false;
+  for (std::size_t i = 0; i < r.part_count; ++i)
+    if (!r.parts[i].done) return false;
+  return true;
+}
+
+void Comm::queue_retry(Request& request) {
+  if (!request.queued) {
+    request.queued = true;
+    retry_.push_back(&request);
+  }
+  lane_->schedule_retry(id_);
+}
+
+void Comm::on_retry() {
+  retrying_.swap(retry_);
+  for (Request* r : retrying_) {
+    r->queued = false;
+    if (r->in_use) advance(*r);
+  }
+  retrying_.clear();
+}
+
+Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body) {
+  const std::size_t rail = seq % control_rails_;
+  const Status status = lane_->control().send(rail, peer_control_[rail],
+                                              static_cast<std::uint8_t>(type), peer_id_, body);
+  util::log().trace("comm {} on lane {}: control type {} seq {} to comm {}: {}", id_, lane_->id(),
+                    static_cast<int>(type), seq, peer_id_, to_string(status));
+  if (status != Status::kOk && status != Status::kRetry) [[unlikely]] {
+    last_error_ = "control message to the peer failed: " + lane_->control().rail(rail).last_error();
+    util::log().warn("{}", last_error_);
+  }
+  return status;
+}
+
+Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
+  done = false;
+  if (request < requests_.data() || request >= requests_.data() + requests_.size() ||
+      !request->in_use) [[unlikely]] {
+    return reject(Status::kInvalid, "test: not a pending request of this communicator");
+  }
+  std::unique_lock lock(lane_->mutex());
+  lane_->progress();
+  if (!finished(*request)) {
+    lock.unlock();
+    core_->lanes().progress_another(*lane_);
+    return Status::kOk;
+  }
+  done = true;
+  for (std::size_t i = 0; i < sizes.size() && i < request->part_count; ++i) {
+    sizes[i] = request->parts[i].delivered;
+  }
+  const Status status = request->status;
+  if (status != Status::kOk) {
+    last_error_ = std::move(request->error);
+  } else if (request->kind != RequestKind::kFlush) {
+    for (std::size_t i = 0; i < request->part_count; ++i) {
+      ++stats_.messages;
+      stats_.bytes += request->parts[i].delivered;
+    }
+  }
+  request->in_use = false;
+  free_requests_.push_back(static_cast<std::uint16_t>(request - requests_.data()));
+  return status;
+}
+
+Status Comm::wait(Request* request, std::span<std::size_t> sizes) {
+  const auto timeout = std::chrono::milliseconds(core_->config().peer_timeout_ms);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (unsigned spins = 0;; ++spins) {
+    bool done = false;
+    Status status = test(request, done, sizes);
+    if (done || status != Status::kOk) return status;
+    // Check the clock now and then, not on every poll.
+    if ((spins & 1023) == 1023 && std::chrono::steady_clock::now() > deadline) {
+      return reject(Status::kPeerError, "wait: no completion within LOOM_PEER_TIMEOUT_MS (" +
+                                            std::to_string(timeout.count()) + " ms)");
+    }
+  }
+}
+
+CommStats Comm::stats() const {
+  CommStats stats = stats_;
+  stats.lane_id = lane_->id();
+  std::lock_guard lock(lane_->mutex());
+  stats.lane_comms = lane_->stats().comms;
+  return stats;
+}
+
+void Comm::fail_all(Status status, const std::string& text) {
+  for (Request& r : requests_) {
+    if (!r.in_use) continue;
+    r.fail(status, text);
+    for (std::size_t i = 0; i < r.part_count; ++i) {
+      Part& part = r.parts[i];
+      if (part.done) continue;
+      part.status = status;
+      // A part whose receive is still posted finishes when its cancellation completes.
+      if (!part.recv_outstanding) part.done = true;
+    }
+    cancel(r);
+  }
+}
+
+void Comm::close(std::unique_ptr<Comm> self) {
+  if (!self || self->closed_) return;
+  mux::Lane& lane = *self->lane_;
+  bool drained = false;
+  {
+    std::unique_lock lock(lane.mutex());
+    self->closed_ = true;
+    // A close notice from the peer may be waiting: then the peer's endpoints may be gone, and
+    // some providers (shm) cannot take a message for a closed endpoint.
+    lane.progress();
+    util::log().debug("closing comm {} on lane {} (peer comm {}{})", self->id_, lane.id(),
+                      self->peer_id_, self->peer_closed_ ? ", closed by the peer" : "");
+    if (!self->peer_closed_ && !self->peer_control_.empty()) {
+      self->send_control(MessageType::kClose, 0, {});
+    }
+    self->fail_all(Status::kCancelled, "communicator closed");
+    const auto deadline = std::chrono::steady_clock::now() + kCloseDrain;
+    auto outstanding = [&] {
+      for (const Request& r : self->requests_)
+        if (r.in_use && r.ops_outstanding != 0) return true;
+      return false;
+    };
+    while (outstanding() && std::chrono::steady_clock::now() < deadline) {
+      lane.progress();
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+    }
+    drained = !outstanding();
+    for (auto& entry : self->registrations_) {
+      if (entry.registration != nullptr) lane.rails().mr_cache().release(*entry.registration);
+      entry.registration = nullptr;
+    }
+    lane.detach(self->id_);
+  }
+  std::shared_ptr<ContextCore> core = std::move(self->core_);
+  if (!drained) {
+    util::log().info("communicator {} on lane {} closed with operations in flight; the lane "
+                     "keeps its memory until its endpoints close",
+                     self->id_, lane.id());
+    std::lock_guard lock(lane.mutex());
+    lane.retire(std::move(self));
+  }
+  self.reset();
+  core->lanes().leave(lane);
+}
+
+}  // namespace loom::p2p

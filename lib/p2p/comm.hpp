@@ -1,0 +1,108 @@
+// What send and receive communicators share: their lane, the peer's addresses, registrations,
+// the request pool, the retry list, test/wait and close. The protocols are in send_comm.cpp and
+// recv_comm.cpp.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "loom/p2p.hpp"
+#include "mux/lane.hpp"
+#include "p2p/messages.hpp"
+#include "p2p/request.hpp"
+
+namespace loom::p2p {
+
+class ContextCore;
+
+// Requests in flight per communicator, and the sequence window that covers every buffer they
+// can hold. Remote CQ data carries 12 sequence bits, so the window must divide 4096.
+inline constexpr std::size_t kMaxRequests = 128;
+inline constexpr std::size_t kSeqWindow = 1024;
+static_assert(kMaxRequests * kMaxParts <= kSeqWindow);
+static_assert(((std::size_t{1} << mux::kImmSeqBits) % kSeqWindow) == 0);
+static_assert(kSeqWindow <= (std::size_t{1} << mux::kTagSeqBits));
+
+class Comm : public mux::CommPort {
+ public:
+  Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction direction);
+  ~Comm() override;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  [[nodiscard]] mux::Lane& lane() const noexcept { return *lane_; }
+  [[nodiscard]] mux::CommId id() const noexcept { return id_; }
+  // Our lane's addresses and comm id, for the handshake.
+  [[nodiscard]] LaneAddresses local_addresses() const;
+  // Inserts the peer's lane addresses; from now on the communicator can reach its peer.
+  void connect_peer(const LaneAddresses& peer);
+
+  MemoryRegion register_memory(const void* data, std::size_t size, MemoryType type, int device);
+  void deregister(MemoryRegion region);
+  Status test(Request* request, bool& done, std::span<std::size_t> sizes);
+  Status wait(Request* request, std::span<std::size_t> sizes);
+  [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
+  [[nodiscard]] CommStats stats() const;
+
+  // Cancels what is pending, tells the peer, and leaves the lane; `self` is destroyed, or kept
+  // by the lane until its endpoints close if the provider still holds operations of it.
+  static void close(std::unique_ptr<Comm> self);
+
+  // Called by a request's completion (under the lane lock).
+  virtual void on_op(Request& request, std::size_t index, const ofi::Completion& completion) = 0;
+
+ protected:
+  struct Registration {
+    ofi::MemoryRegistration* registration = nullptr;
+    const std::byte* base = nullptr;  // what the user registered (the cache may cover more)
+    std::size_t size = 0;
+    std::uint32_t generation = 0;
+  };
+
+  Request* allocate(RequestKind kind);
+  // The registration behind `region` covering [data, data + size), or nullptr (last_error_ set).
+  const ofi::MemoryRegistration* lookup(const MemoryRegion& region, const void* data,
+                                        std::size_t size);
+  Status reject(Status status, std::string text);  // records last_error_
+  void queue_retry(Request& request);
+  [[nodiscard]] bool finished(const Request& request) const noexcept;
+  // Sends a control message to the peer: kOk, kRetry (back-pressure) or kError (logged).
+  Status send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body);
+  // Every request fails with `status`/`text`; posted receives are cancelled.
+  void fail_all(Status status, const std::string& text);
+
+  // Posts whatever `request` is ready for; queues it for retry on back-pressure.
+  virtual void advance(Request& request) = 0;
+  // Cancels posted receives of `request` (closing); the cancellations complete later.
+  virtual void cancel(Request& request) = 0;
+
+  void on_retry() override;
+
+  std::shared_ptr<ContextCore> core_;
+  mux::Lane* lane_;
+  mux::Direction direction_;
+  mux::CommId id_ = 0;
+  mux::CommId peer_id_ = 0;
+  std::size_t data_rails_ = 0;     // used with this peer: min of both sides
+  std::size_t control_rails_ = 0;
+  std::vector<ofi::Address> peer_data_;
+  std::vector<ofi::Address> peer_control_;
+  std::size_t eager_max_;
+  bool closed_ = false;
+  bool peer_closed_ = false;
+  std::vector<Registration> registrations_;
+  std::vector<std::uint32_t> free_registrations_;
+  std::vector<Request> requests_;
+  std::vector<std::uint16_t> free_requests_;
+  std::vector<Request*> retry_;
+  std::vector<Request*> retrying_;
+  std::string last_error_;
+  CommStats stats_;
+};
+
+}  // namespace loom::p2p

@@ -1,0 +1,135 @@
+// What a loom::Context is: its configuration, NICs, lane registry, and the bootstrap endpoint
+// that carries connection handshakes. Listeners, connectors and communicators hold it shared,
+// so it outlives everything made from it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "loom/p2p.hpp"
+#include "mux/control_channel.hpp"
+#include "mux/lane_registry.hpp"
+#include "ofi/nic.hpp"
+#include "ofi/rail.hpp"
+#include "p2p/messages.hpp"
+
+namespace loom::p2p {
+
+class ListenerState;
+class ConnectorState;
+
+class ContextCore final : public mux::ControlSink {
+ public:
+  explicit ContextCore(const Config& config);
+  ~ContextCore();
+
+  [[nodiscard]] const Config& config() const noexcept { return config_; }
+  [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+  [[nodiscard]] mux::LaneRegistry& lanes() noexcept { return *lanes_; }
+  [[nodiscard]] std::span<ofi::Nic* const> nics() const noexcept { return nic_pointers_; }
+  // Why each NIC (same order as nics()) is where it is; empty with a single NIC.
+  [[nodiscard]] const std::vector<std::string>& localities() const noexcept { return localities_; }
+  [[nodiscard]] const std::string& provider() const noexcept;
+
+  // ---- bootstrap (callers hold bootstrap_mutex()) ----
+  [[nodiscard]] std::mutex& bootstrap_mutex() noexcept { return bootstrap_mutex_; }
+  void progress_bootstrap();
+  [[nodiscard]] std::span<const std::byte> bootstrap_address() const noexcept;
+  // Queues a handshake message to `peer`'s bootstrap endpoint; sent as back-pressure allows.
+  void send_bootstrap(std::span<const std::byte> peer, MessageType type,
+                      std::span<const std::byte> body);
+  std::uint32_t add_listener(ListenerState& listener);
+  void remove_listener(std::uint32_t id) noexcept;
+  std::uint32_t add_connector(ConnectorState& connector);
+  void remove_connector(std::uint32_t id) noexcept;
+  std::uint64_t random() { return rng_(); }
+
+ private:
+  void on_control(const mux::ControlHeader& header, std::span<const std::byte> body) override;
+  void on_connect(std::span<const std::byte> body);
+  void flush_outbox();
+  void order_nics_by_locality();
+
+  struct Outgoing {
+    ofi::Address peer;
+    MessageType type;
+    std::vector<std::byte> body;
+  };
+
+  Config config_;
+  std::uint64_t id_;
+  std::mt19937_64 rng_;
+  // Declaration order is teardown order, reversed: bootstrap channel, bootstrap rail, lanes,
+  // then the NICs they all live on.
+  std::vector<std::unique_ptr<ofi::Nic>> nics_;
+  std::vector<ofi::Nic*> nic_pointers_;
+  std::vector<std::string> localities_;
+  std::unique_ptr<mux::LaneRegistry> lanes_;
+  std::unique_ptr<ofi::Rail> bootstrap_rail_;
+  std::unique_ptr<mux::ControlChannel> bootstrap_;
+  std::mutex bootstrap_mutex_;
+  std::map<std::vector<std::byte>, ofi::Address> bootstrap_peers_;
+  std::deque<Outgoing> outbox_;
+  std::map<std::uint32_t, ListenerState*> listeners_;
+  std::map<std::uint32_t, ConnectorState*> connectors_;
+  std::uint32_t next_listener_ = 1;
+  std::uint32_t next_connector_ = 1;
+};
+
+class ListenerState {
+ public:
+  explicit ListenerState(std::shared_ptr<ContextCore> core);
+  ~ListenerState();
+
+  [[nodiscard]] const Handle& handle() const noexcept { return handle_; }
+  std::unique_ptr<RecvComm> accept();
+  void close();
+  [[nodiscard]] ListenerStats stats() const;
+
+  // From the bootstrap endpoint (bootstrap mutex held).
+  void on_connect(ConnectMessage message);
+  void on_refused(std::string why);
+  [[nodiscard]] std::uint64_t nonce() const noexcept { return nonce_; }
+
+ private:
+  std::shared_ptr<ContextCore> core_;
+  std::uint32_t id_ = 0;
+  std::uint64_t nonce_ = 0;
+  Handle handle_;
+  bool closed_ = false;
+  std::deque<ConnectMessage> pending_;
+  ListenerStats stats_;
+};
+
+class ConnectorState {
+ public:
+  ConnectorState(std::shared_ptr<ContextCore> core, const Handle& handle);
+  ~ConnectorState();
+
+  std::unique_ptr<SendComm> poll();
+
+  // From the bootstrap endpoint (bootstrap mutex held).
+  void on_accept(AcceptMessage message) { accept_ = std::move(message); }
+  void on_reject(RejectMessage message) { reject_ = message; }
+
+ private:
+  std::shared_ptr<ContextCore> core_;
+  HandleData target_;
+  std::uint32_t id_ = 0;
+  std::unique_ptr<Comm> comm_;
+  bool sent_ = false;
+  bool done_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+  std::optional<AcceptMessage> accept_;
+  std::optional<RejectMessage> reject_;
+};
+
+}  // namespace loom::p2p

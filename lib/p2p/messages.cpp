@@ -1,0 +1,246 @@
+#include "p2p/messages.hpp"
+
+#include "mux/control_channel.hpp"
+#include "util/wire.hpp"
+
+namespace loom::p2p {
+namespace {
+
+using util::WireReader;
+using util::WireWriter;
+
+static_assert(kHandleHeaderBytes + 1 + 16 <= 128, "an IPv4 sockaddr must fit a handle");
+static_assert(cts_bytes(kMaxParts, kMaxDataRails) <= mux::kMaxControlBody);
+static_assert(kMaxDataRails <= mux::kMaxStripes);
+
+void put_address(WireWriter& w, std::span<const std::byte> address) {
+  w.u8(static_cast<std::uint8_t>(address.size()));
+  w.bytes(address);
+}
+
+bool get_address(WireReader& r, Address& out) {
+  const std::size_t length = r.u8();
+  if (length == 0 || length > kMaxAddressBytes) return false;
+  auto bytes = r.bytes(length);
+  out.assign(bytes.begin(), bytes.end());
+  return r.ok();
+}
+
+bool address_fits(std::span<const std::byte> address) {
+  return !address.empty() && address.size() <= kMaxAddressBytes;
+}
+
+void put_lane(WireWriter& w, const LaneAddresses& lane) {
+  w.u64(lane.lane);
+  w.u16(lane.comm);
+  w.u8(static_cast<std::uint8_t>(lane.data.size()));
+  w.u8(static_cast<std::uint8_t>(lane.control.size()));
+  for (const auto& a : lane.data) put_address(w, a);
+  for (const auto& a : lane.control) put_address(w, a);
+}
+
+const char* get_lane(WireReader& r, LaneAddresses& lane) {
+  lane.lane = r.u64();
+  lane.comm = r.u16();
+  const std::size_t data = r.u8();
+  const std::size_t control = r.u8();
+  if (!r.ok()) return "truncated lane description";
+  if (data == 0 || data > kMaxDataRails) return "data rail count out of range";
+  if (control == 0 || control > kMaxControlRails) return "control rail count out of range";
+  lane.data.resize(data);
+  lane.control.resize(control);
+  for (auto& a : lane.data)
+    if (!get_address(r, a)) return "bad rail address";
+  for (auto& a : lane.control)
+    if (!get_address(r, a)) return "bad rail address";
+  return nullptr;
+}
+
+bool lane_fits(const LaneAddresses& lane) {
+  if (lane.data.empty() || lane.data.size() > kMaxDataRails) return false;
+  if (lane.control.empty() || lane.control.size() > kMaxControlRails) return false;
+  for (const auto& a : lane.data)
+    if (!address_fits(a)) return false;
+  for (const auto& a : lane.control)
+    if (!address_fits(a)) return false;
+  return true;
+}
+
+std::size_t finish(const WireWriter& w) { return w.ok() ? w.size() : 0; }
+
+}  // namespace
+
+std::size_t encode_handle(const HandleData& handle, std::span<std::byte> out) {
+  if (handle.addresses.empty() || handle.addresses.size() > kMaxHandleAddresses) return 0;
+  for (const auto& a : handle.addresses)
+    if (!address_fits(a)) return 0;
+  WireWriter w(out);
+  w.u32(kHandleMagic);
+  w.u8(kProtocolVersion);
+  w.u8(static_cast<std::uint8_t>(handle.addresses.size()));
+  w.u32(handle.listener);
+  w.u64(handle.nonce);
+  w.u64(handle.context);
+  for (const auto& a : handle.addresses) put_address(w, a);
+  return finish(w);
+}
+
+const char* decode_handle(std::span<const std::byte> in, HandleData& out) {
+  WireReader r(in);
+  const auto magic = r.u32();
+  const auto version = r.u8();
+  const std::size_t count = r.u8();
+  out.listener = r.u32();
+  out.nonce = r.u64();
+  out.context = r.u64();
+  if (!r.ok()) return "handle truncated";
+  if (magic != kHandleMagic) return "not a loom handle (wrong magic)";
+  if (version != kProtocolVersion) return "handle from an unsupported loom protocol version";
+  if (count == 0 || count > kMaxHandleAddresses) return "handle address count out of range";
+  out.addresses.resize(count);
+  for (auto& a : out.addresses)
+    if (!get_address(r, a)) return "handle address truncated or too long";
+  if (!r.done()) return "handle has trailing bytes";
+  return nullptr;
+}
+
+std::size_t encode_connect(const ConnectMessage& m, std::span<std::byte> out) {
+  if (!address_fits(m.reply_to) || !lane_fits(m.lane)) return 0;
+  WireWriter w(out);
+  w.u32(m.magic);
+  w.u8(m.version);
+  w.u32(m.listener);
+  w.u64(m.nonce);
+  w.u64(m.context);
+  w.u32(m.connect_id);
+  put_address(w, m.reply_to);
+  put_lane(w, m.lane);
+  return finish(w);
+}
+
+const char* decode_connect(std::span<const std::byte> in, ConnectMessage& out) {
+  WireReader r(in);
+  out.magic = r.u32();
+  out.version = r.u8();
+  out.listener = r.u32();
+  out.nonce = r.u64();
+  out.context = r.u64();
+  out.connect_id = r.u32();
+  if (!r.ok()) return "connect message truncated";
+  if (!get_address(r, out.reply_to)) return "connect message: bad reply address";
+  if (const char* why = get_lane(r, out.lane)) return why;
+  if (!r.done()) return "connect message has trailing bytes";
+  return nullptr;
+}
+
+std::size_t encode_accept(const AcceptMessage& m, std::span<std::byte> out) {
+  if (!lane_fits(m.lane)) return 0;
+  WireWriter w(out);
+  w.u32(m.connect_id);
+  w.u64(m.context);
+  put_lane(w, m.lane);
+  return finish(w);
+}
+
+const char* decode_accept(std::span<const std::byte> in, AcceptMessage& out) {
+  WireReader r(in);
+  out.connect_id = r.u32();
+  out.context = r.u64();
+  if (!r.ok()) return "accept message truncated";
+  if (const char* why = get_lane(r, out.lane)) return why;
+  if (!r.done()) return "accept message has trailing bytes";
+  return nullptr;
+}
+
+std::size_t encode_reject(const RejectMessage& m, std::span<std::byte> out) {
+  WireWriter w(out);
+  w.u32(m.connect_id);
+  w.u8(static_cast<std::uint8_t>(m.reason));
+  return finish(w);
+}
+
+const char* decode_reject(std::span<const std::byte> in, RejectMessage& out) {
+  WireReader r(in);
+  out.connect_id = r.u32();
+  const auto reason = r.u8();
+  if (!r.done()) return "reject message has the wrong length";
+  if (reason < 1 || reason > static_cast<std::uint8_t>(RejectReason::kSetupFailed)) {
+    return "reject message: unknown reason";
+  }
+  out.reason = static_cast<RejectReason>(reason);
+  return nullptr;
+}
+
+const char* to_string(RejectReason reason) {
+  switch (reason) {
+    case RejectReason::kBadMagic: return "wrong magic";
+    case RejectReason::kBadVersion: return "unsupported protocol version";
+    case RejectReason::kUnknownListener: return "no such listener (closed?)";
+    case RejectReason::kBadNonce: return "wrong nonce (stale or forged handle)";
+    case RejectReason::kSetupFailed: return "the listener failed to set up the communicator";
+  }
+  return "unknown reason";
+}
+
+std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
+  if (m.count == 0 || m.count > kMaxParts || m.data_rails == 0 || m.data_rails > kMaxDataRails) {
+    return 0;
+  }
+  WireWriter w(out);
+  w.u8(m.count);
+  w.u8(m.data_rails);
+  for (std::size_t i = 0; i < m.count; ++i) {
+    const CtsEntry& e = m.entries[i];
+    w.u32(e.seq);
+    w.u64(e.size);
+    w.u32(e.tag);
+    w.u64(e.address);
+    for (std::size_t k = 0; k < m.data_rails; ++k) w.u64(e.keys[k]);
+  }
+  return finish(w);
+}
+
+const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
+  WireReader r(in);
+  out.count = r.u8();
+  out.data_rails = r.u8();
+  if (!r.ok()) return "clear-to-send truncated";
+  if (out.count == 0 || out.count > kMaxParts) return "clear-to-send: entry count out of range";
+  if (out.data_rails == 0 || out.data_rails > kMaxDataRails) {
+    return "clear-to-send: rail count out of range";
+  }
+  if (in.size() != cts_bytes(out.count, out.data_rails)) return "clear-to-send: wrong length";
+  for (std::size_t i = 0; i < out.count; ++i) {
+    CtsEntry& e = out.entries[i];
+    e.seq = r.u32();
+    e.size = r.u64();
+    e.tag = r.u32();
+    e.address = r.u64();
+    for (std::size_t k = 0; k < out.data_rails; ++k) e.keys[k] = r.u64();
+  }
+  return r.done() ? nullptr : "clear-to-send: wrong length";
+}
+
+std::size_t encode_rts(const ReadyToSend& m, std::span<std::byte> out) {
+  WireWriter w(out);
+  w.u32(m.seq);
+  w.u64(m.size);
+  w.u32(m.tag);
+  w.u8(m.stripes);
+  return finish(w);
+}
+
+const char* decode_rts(std::span<const std::byte> in, ReadyToSend& out) {
+  WireReader r(in);
+  out.seq = r.u32();
+  out.size = r.u64();
+  out.tag = r.u32();
+  out.stripes = r.u8();
+  if (!r.done()) return "ready-to-send has the wrong length";
+  if (out.stripes == 0 || out.stripes > mux::kMaxStripes) {
+    return "ready-to-send: stripe count out of range";
+  }
+  return nullptr;
+}
+
+}  // namespace loom::p2p

@@ -1,0 +1,123 @@
+// Every message loom's p2p layer puts on the wire: the listen handle, the connection handshake
+// (on the context's bootstrap endpoint) and the per-communicator control messages (on a lane's
+// control rails). Decoders check lengths, magic, version and ranges before anything is used,
+// and return the reason for a refusal (nullptr on success).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "mux/routing.hpp"
+
+namespace loom::p2p {
+
+enum class MessageType : std::uint8_t {
+  // bootstrap endpoint
+  kConnect = 1,
+  kAccept = 2,
+  kReject = 3,
+  // lane control rails
+  kClearToSend = 16,  // receiver -> sender: buffers posted for these sequence numbers
+  kReadyToSend = 17,  // sender -> receiver: a rendezvous message of this size is coming
+  kClose = 18,        // either way: the peer closed this communicator
+};
+
+inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kMaxAddressBytes = 96;
+inline constexpr std::size_t kMaxHandleAddresses = 4;
+inline constexpr std::size_t kMaxDataRails = 16;
+inline constexpr std::size_t kMaxControlRails = 4;
+inline constexpr std::size_t kMaxParts = 8;  // buffers per receive request
+
+using Address = std::vector<std::byte>;
+
+// ---- listen handle (at most 128 bytes) ----
+inline constexpr std::size_t kHandleHeaderBytes = 4 + 1 + 1 + 4 + 8 + 8;
+struct HandleData {
+  std::uint32_t listener = 0;
+  std::uint64_t nonce = 0;
+  std::uint64_t context = 0;
+  std::vector<Address> addresses;  // the listener's bootstrap address(es), one per subnet
+};
+// Bytes written, or 0 if it does not fit in `out`.
+std::size_t encode_handle(const HandleData& handle, std::span<std::byte> out);
+const char* decode_handle(std::span<const std::byte> in, HandleData& out);
+
+// ---- handshake ----
+struct LaneAddresses {
+  std::uint64_t lane = 0;   // the lane's id in its context
+  std::uint16_t comm = 0;   // the communicator's id on that lane
+  std::vector<Address> data;
+  std::vector<Address> control;
+};
+
+struct ConnectMessage {
+  std::uint32_t magic = kHandleMagic;  // echoed from the handle
+  std::uint8_t version = kProtocolVersion;
+  std::uint32_t listener = 0;
+  std::uint64_t nonce = 0;
+  std::uint64_t context = 0;  // the connector's context id
+  std::uint32_t connect_id = 0;
+  Address reply_to;  // the connector's bootstrap address
+  LaneAddresses lane;
+};
+std::size_t encode_connect(const ConnectMessage& message, std::span<std::byte> out);
+const char* decode_connect(std::span<const std::byte> in, ConnectMessage& out);
+
+struct AcceptMessage {
+  std::uint32_t connect_id = 0;
+  std::uint64_t context = 0;  // the acceptor's context id
+  LaneAddresses lane;
+};
+std::size_t encode_accept(const AcceptMessage& message, std::span<std::byte> out);
+const char* decode_accept(std::span<const std::byte> in, AcceptMessage& out);
+
+enum class RejectReason : std::uint8_t {
+  kBadMagic = 1,
+  kBadVersion = 2,
+  kUnknownListener = 3,
+  kBadNonce = 4,
+  kSetupFailed = 5,
+};
+struct RejectMessage {
+  std::uint32_t connect_id = 0;
+  RejectReason reason = RejectReason::kSetupFailed;
+};
+std::size_t encode_reject(const RejectMessage& message, std::span<std::byte> out);
+const char* decode_reject(std::span<const std::byte> in, RejectMessage& out);
+const char* to_string(RejectReason reason);
+
+// ---- communicator control ----
+struct CtsEntry {
+  std::uint32_t seq = 0;
+  std::uint64_t size = 0;  // the posted buffer's size
+  std::uint32_t tag = 0;
+  std::uint64_t address = 0;  // for rendezvous writes, per MemoryRegistration::remote_address
+  std::array<std::uint64_t, kMaxDataRails> keys{};
+};
+struct ClearToSend {
+  std::uint8_t count = 0;
+  std::uint8_t data_rails = 0;  // keys per entry
+  std::array<CtsEntry, kMaxParts> entries;
+};
+inline constexpr std::size_t cts_bytes(std::size_t count, std::size_t rails) {
+  return 2 + count * (4 + 8 + 4 + 8 + 8 * rails);
+}
+std::size_t encode_cts(const ClearToSend& message, std::span<std::byte> out);
+const char* decode_cts(std::span<const std::byte> in, ClearToSend& out);
+
+struct ReadyToSend {
+  std::uint32_t seq = 0;
+  std::uint64_t size = 0;
+  std::uint32_t tag = 0;
+  std::uint8_t stripes = 0;
+};
+inline constexpr std::size_t kRtsBytes = 4 + 8 + 4 + 1;
+std::size_t encode_rts(const ReadyToSend& message, std::span<std::byte> out);
+const char* decode_rts(std::span<const std::byte> in, ReadyToSend& out);
+
+}  // namespace loom::p2p

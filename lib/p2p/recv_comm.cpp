@@ -1,0 +1,323 @@
+#include "p2p/recv_comm.hpp"
+
+#include "ofi/memory_registration.hpp"
+#include "p2p/context_core.hpp"
+#include "util/log.hpp"
+
+namespace loom::p2p {
+
+RecvCommImpl::RecvCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane)
+    : Comm(std::move(core), lane, mux::Direction::kRecv),
+      by_seq_(kSeqWindow),
+      early_(kSeqWindow),
+      early_valid_(kSeqWindow, false) {}
+
+Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
+  request = nullptr;
+  std::lock_guard lock(lane_->mutex());
+  if (closed_) [[unlikely]] return reject(Status::kInvalid, "irecv on a closed communicator");
+  if (peer_closed_) [[unlikely]] {
+    return reject(Status::kPeerError, "irecv: the peer closed the communicator");
+  }
+  if (buffers.empty() || buffers.size() > kMaxParts) [[unlikely]] {
+    return reject(Status::kInvalid, "irecv takes 1 to " + std::to_string(kMaxParts) +
+                                        " buffers, got " + std::to_string(buffers.size()));
+  }
+  const ofi::MemoryRegistration* registrations[kMaxParts] = {};
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    if (buffers[i].size == 0) continue;
+    registrations[i] = lookup(buffers[i].region, buffers[i].data, buffers[i].size);
+    if (registrations[i] == nullptr) [[unlikely]] return Status::kInvalid;
+  }
+  Request* r = allocate(RequestKind::kRecv);
+  if (r == nullptr) [[unlikely]] {
+    return reject(Status::kRetry, "irecv: " + std::to_string(kMaxRequests) +
+                                      " requests already in flight; test some first");
+  }
+  r->part_count = static_cast<std::uint8_t>(buffers.size());
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const std::uint32_t seq = next_seq_++;
+    r->parts[i] = Part{.data = static_cast<std::byte*>(buffers[i].data),
+                       .size = buffers[i].size,
+                       .tag = buffers[i].tag,
+                       .registration = registrations[i],
+                       .seq = seq};
+    by_seq_[seq % kSeqWindow] = Slot{r, static_cast<std::uint8_t>(i)};
+    if (early_valid_[seq % kSeqWindow] && early_[seq % kSeqWindow].seq == seq) {
+      early_valid_[seq % kSeqWindow] = false;
+      apply_ready_to_send(*r, i, early_[seq % kSeqWindow]);
+    }
+  }
+  advance(*r);
+  request = r;
+  return Status::kOk;
+}
+
+Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& request) {
+  request = nullptr;
+  std::lock_guard lock(lane_->mutex());
+  if (closed_) [[unlikely]] return reject(Status::kInvalid, "iflush on a closed communicator");
+  const RecvBuffer* target = nullptr;
+  const ofi::MemoryRegistration* registration = nullptr;
+  bool device = false;
+  for (const RecvBuffer& buffer : buffers) {
+    if (buffer.size == 0) continue;
+    const auto* found = lookup(buffer.region, buffer.data, buffer.size);
+    if (found == nullptr) return Status::kInvalid;
+    device |= found->type() != MemoryType::kHost;
+    if (target == nullptr) {
+      target = &buffer;
+      registration = found;
+    }
+  }
+  // Host memory is coherent with the NIC's writes: nothing to flush unless a test forces it.
+  if (target == nullptr || (!device && !core_->config().force_flush)) return Status::kOk;
+  Request* r = allocate(RequestKind::kFlush);
+  if (r == nullptr) return reject(Status::kRetry, "iflush: too many requests in flight");
+  r->part_count = 1;
+  r->parts[0] = Part{.data = static_cast<std::byte*>(target->data),
+                     .size = target->size,
+                     .tag = target->tag,
+                     .registration = registration};
+  advance(*r);
+  request = r;
+  return Status::kOk;
+}
+
+void RecvCommImpl::advance(Request& r) {
+  if (r.kind == RequestKind::kFlush) {
+    Part& part = r.parts[0];
+    if (part.recv_posted) return;
+    ofi::Rail& rail = lane_->rails().data(0);
+    const Status status = rail.flush(*part.registration, part.data, part.size, &r.ops[0]);
+    if (status == Status::kOk) {
+      part.recv_posted = part.recv_outstanding = true;
+      ++r.ops_outstanding;
+    } else if (status == Status::kRetry) {
+      queue_retry(r);
+    } else {
+      r.fail(Status::kError, "iflush: " + rail.last_error());
+      part.done = true;
+    }
+    return;
+  }
+  for (std::size_t i = 0; i < r.part_count; ++i) post_receive(r, i);
+  if (!r.cts_sent) send_clearance(r);
+}
+
+void RecvCommImpl::post_receive(Request& r, std::size_t i) {
+  Part& part = r.parts[i];
+  if (part.recv_posted || part.rendezvous || part.done) return;
+  const std::size_t rail = part.seq % data_rails_;
+  ofi::Rail& data_rail = lane_->rails().data(rail);
+  const Status status = data_rail.tagged_recv(
+      part.data, part.size, part.registration ? part.registration->desc(rail) : nullptr,
+      mux::encode_tag({mux::TagKind::kEager, id_, part.seq}), 0, &r.ops[i]);
+  if (status == Status::kOk) {
+    part.recv_posted = part.recv_outstanding = true;
+    ++r.ops_outstanding;
+  } else if (status == Status::kRetry) {
+    queue_retry(r);
+  } else {
+    part.status = Status::kError;
+    part.done = true;
+    r.fail(Status::kError, "irecv: " + data_rail.last_error());
+  }
+}
+
+void RecvCommImpl::send_clearance(Request& r) {
+  ClearToSend cts;
+  cts.count = r.part_count;
+  cts.data_rails = static_cast<std::uint8_t>(data_rails_);
+  for (std::size_t i = 0; i < r.part_count; ++i) {
+    const Part& part = r.parts[i];
+    CtsEntry& entry = cts.entries[i];
+    entry.seq = part.seq;
+    entry.size = part.size;
+    entry.tag = part.tag;
+    if (part.registration != nullptr) {
+      entry.address = part.registration->remote_address(part.data);
+      for (std::size_t k = 0; k < data_rails_; ++k) entry.keys[k] = part.registration->key(k);
+    }
+  }
+  std::byte body[cts_bytes(kMaxParts, kMaxDataRails)];
+  const std::size_t length = encode_cts(cts, body);
+  const Status status = send_control(MessageType::kClearToSend, r.parts[0].seq, {body, length});
+  if (status == Status::kOk) {
+    r.cts_sent = true;
+  } else if (status == Status::kRetry) {
+    queue_retry(r);
+  } else {
+    // The sender cannot learn of these buffers: fail what has not arrived yet.
+    r.cts_sent = true;
+    r.fail(Status::kError, "irecv: " + last_error_);
+    cancel(r);
+  }
+}
+
+void RecvCommImpl::cancel(Request& r) {
+  for (std::size_t i = 0; i < r.part_count; ++i) {
+    if (r.parts[i].recv_outstanding && r.kind == RequestKind::kRecv) {
+      lane_->rails().data(r.parts[i].seq % data_rails_).cancel(&r.ops[i]);
+    }
+  }
+}
+
+void RecvCommImpl::finish_rendezvous(Part& part) {
+  if (part.done || !part.rendezvous || part.recv_outstanding) return;
+  if (part.status == Status::kOk && part.writes_seen < part.writes_expected) return;
+  part.done = true;
+  if (part.status == Status::kOk) ++stats_.rendezvous;
+}
+
+void RecvCommImpl::on_op(Request& r, std::size_t i, const ofi::Completion& completion) {
+  Part& part = r.parts[i];
+  --r.ops_outstanding;
+  part.recv_outstanding = false;
+  if (r.kind == RequestKind::kFlush) {
+    if (completion.status != Status::kOk) {
+      r.fail(Status::kError, "iflush: " + std::string(completion.error_text));
+    }
+    part.done = true;
+    return;
+  }
+  switch (completion.status) {
+    case Status::kOk:
+      if (!completion.has_data || completion.data != part.tag) {
+        part.status = Status::kInvalid;
+        r.fail(Status::kInvalid, "irecv: message " + std::to_string(part.seq) + " carries tag " +
+                                     std::to_string(completion.data) + ", the buffer expects " +
+                                     std::to_string(part.tag));
+      }
+      part.delivered = completion.length;
+      part.done = true;
+      ++stats_.eager;
+      break;
+    case Status::kTruncated:
+      part.status = Status::kTruncated;
+      r.fail(Status::kTruncated,
+             "irecv: message " + std::to_string(part.seq) + " of " +
+                 std::to_string(completion.length + completion.overflow) +
+                 " bytes is larger than the posted buffer of " + std::to_string(part.size) +
+                 " bytes");
+      part.done = true;
+      break;
+    case Status::kCancelled:
+      // Either the message comes by rendezvous, or the communicator is closing.
+      if (part.rendezvous) {
+        finish_rendezvous(part);
+      } else {
+        part.status = Status::kCancelled;
+        r.fail(Status::kCancelled, "irecv: cancelled");
+        part.done = true;
+      }
+      break;
+    default:
+      part.status = Status::kError;
+      r.fail(Status::kError, "irecv: " + std::string(completion.error_text));
+      part.done = true;
+  }
+}
+
+Part* RecvCommImpl::waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner,
+                                 std::size_t* index) {
+  const Slot& slot = by_seq_[seq % kSeqWindow];
+  if (slot.request == nullptr || !slot.request->in_use ||
+      slot.request->kind != RequestKind::kRecv || slot.part >= slot.request->part_count) {
+    return nullptr;
+  }
+  Part& part = slot.request->parts[slot.part];
+  if ((part.seq & mask) != (seq & mask) || part.done) return nullptr;
+  *owner = slot.request;
+  *index = slot.part;
+  return &part;
+}
+
+void RecvCommImpl::on_ready_to_send(std::span<const std::byte> body) {
+  ReadyToSend rts;
+  if (const char* why = decode_rts(body, rts)) [[unlikely]] {
+    util::log().warn("comm {} on lane {}: ready-to-send dropped: {}", id_, lane_->id(), why);
+    return;
+  }
+  Request* r = nullptr;
+  std::size_t i = 0;
+  Part* part = waiting_part(rts.seq, ~0u, &r, &i);
+  if (part != nullptr && !part->rendezvous) {
+    apply_ready_to_send(*r, i, rts);
+    return;
+  }
+  // Sequence numbers run ahead of next_seq_ only by what the sender may have in flight.
+  const std::uint32_t ahead = rts.seq - next_seq_;
+  if (part == nullptr && ahead < kMaxRequests) {
+    early_[rts.seq % kSeqWindow] = rts;
+    early_valid_[rts.seq % kSeqWindow] = true;
+    return;
+  }
+  util::log().warn("comm {} on lane {}: ready-to-send for message {} dropped: no buffer waits "
+                   "for it", id_, lane_->id(), rts.seq);
+}
+
+void RecvCommImpl::apply_ready_to_send(Request& r, std::size_t i, const ReadyToSend& rts) {
+  Part* part = &r.parts[i];
+  part->rendezvous = true;
+  if (part->writes_seen != 0 && part->writes_expected != rts.stripes) {
+    part->status = Status::kError;
+    r.fail(Status::kError, "irecv: stripe counts disagree for message " + std::to_string(rts.seq));
+  }
+  part->writes_expected = rts.stripes;
+  if (rts.size > part->size) {
+    part->status = Status::kTruncated;
+    r.fail(Status::kTruncated, "irecv: message " + std::to_string(rts.seq) + " of " +
+                                   std::to_string(rts.size) +
+                                   " bytes is larger than the posted buffer of " +
+                                   std::to_string(part->size) + " bytes");
+  } else if (rts.tag != part->tag) {
+    part->status = Status::kInvalid;
+    r.fail(Status::kInvalid, "irecv: message " + std::to_string(rts.seq) + " carries tag " +
+                                 std::to_string(rts.tag) + ", the buffer expects " +
+                                 std::to_string(part->tag));
+  } else {
+    part->delivered = rts.size;
+  }
+  // The eager receive posted for this buffer will never match: take it back.
+  if (part->recv_outstanding) {
+    lane_->rails().data(part->seq % data_rails_).cancel(&r.ops[i]);
+  }
+  finish_rendezvous(*part);
+}
+
+void RecvCommImpl::on_control(const mux::ControlHeader& header, std::span<const std::byte> body) {
+  switch (static_cast<MessageType>(header.type)) {
+    case MessageType::kReadyToSend:
+      on_ready_to_send(body);
+      return;
+    case MessageType::kClose:
+      peer_closed_ = true;
+      fail_all(Status::kPeerError, "the peer closed the communicator");
+      return;
+    default:
+      util::log().warn("comm {} on lane {}: unexpected control message type {} dropped", id_,
+                       lane_->id(), header.type);
+  }
+}
+
+void RecvCommImpl::on_remote_write(mux::WriteImmediate immediate) {
+  Request* r = nullptr;
+  std::size_t i = 0;
+  Part* part = waiting_part(immediate.seq, mux::kImmSeqMask, &r, &i);
+  if (part == nullptr) [[unlikely]] {
+    util::log().warn("comm {} on lane {}: remote write for message {} that no buffer waits for",
+                     id_, lane_->id(), immediate.seq);
+    return;
+  }
+  if (!part->rendezvous) {
+    part->writes_expected = immediate.stripes;
+  } else if (immediate.stripes != part->writes_expected) {
+    part->status = Status::kError;
+    r->fail(Status::kError, "irecv: stripe counts disagree for message " + std::to_string(part->seq));
+  }
+  ++part->writes_seen;
+  finish_rendezvous(*part);
+}
+
+}  // namespace loom::p2p

@@ -1,0 +1,47 @@
+// The receiving side: posts each buffer as an eager tagged receive and announces it to the
+// sender with a clear-to-send (size, tag, address and a key per data rail); a ready-to-send for
+// a sequence turns that buffer into an RDMA-write target instead.
+#pragma once
+
+#include <vector>
+
+#include "p2p/comm.hpp"
+
+namespace loom::p2p {
+
+class RecvCommImpl final : public Comm {
+ public:
+  RecvCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane);
+
+  Status irecv(std::span<const RecvBuffer> buffers, Request*& request);
+  Status iflush(std::span<const RecvBuffer> buffers, Request*& request);
+
+  void on_op(Request& request, std::size_t index, const ofi::Completion& completion) override;
+  void on_control(const mux::ControlHeader& header, std::span<const std::byte> body) override;
+  void on_remote_write(mux::WriteImmediate immediate) override;
+
+ private:
+  struct Slot {
+    Request* request = nullptr;
+    std::uint8_t part = 0;
+  };
+
+  void advance(Request& request) override;
+  void cancel(Request& request) override;
+  void post_receive(Request& request, std::size_t index);
+  void send_clearance(Request& request);
+  void on_ready_to_send(std::span<const std::byte> body);
+  void apply_ready_to_send(Request& request, std::size_t index, const ReadyToSend& rts);
+  // The part waiting for `seq` (compared on `mask` bits), or nullptr if none is.
+  Part* waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner, std::size_t* index);
+  void finish_rendezvous(Part& part);
+
+  std::uint32_t next_seq_ = 0;
+  std::vector<Slot> by_seq_;  // by seq % kSeqWindow
+  // Ready-to-sends that arrived before their buffer was posted, by seq % kSeqWindow. The
+  // sender has at most kMaxRequests messages in flight, so the window covers them.
+  std::vector<ReadyToSend> early_;
+  std::vector<bool> early_valid_;
+};
+
+}  // namespace loom::p2p

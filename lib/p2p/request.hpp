@@ -1,0 +1,84 @@
+// A request is a pooled, fixed-size record of one isend, irecv (up to kMaxParts buffers) or
+// iflush. Its provider operations carry OpContexts that live inside it, so a request goes back
+// to the pool only when no operation of it is outstanding.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "loom/error.hpp"
+#include "loom/p2p.hpp"
+#include "ofi/completion.hpp"
+#include "p2p/messages.hpp"
+
+namespace loom::ofi {
+class MemoryRegistration;
+}
+
+namespace loom::p2p {
+
+class Comm;
+
+// Most stripes one rendezvous message is split into (one write each).
+inline constexpr std::size_t kMaxSendStripes = kMaxParts;
+inline constexpr std::size_t kMaxOps = kMaxParts;
+
+enum class RequestKind : std::uint8_t { kSend, kRecv, kFlush };
+
+struct Part {
+  std::byte* data = nullptr;
+  std::size_t size = 0;  // buffer size (receives) or message size (sends)
+  Tag tag = 0;
+  const ofi::MemoryRegistration* registration = nullptr;
+  std::uint32_t seq = 0;
+  std::size_t delivered = 0;
+  Status status = Status::kOk;
+  bool done = false;
+  // Receives: the eager receive is posted / its completion (or cancellation) is pending.
+  bool recv_posted = false;
+  bool recv_outstanding = false;
+  bool rendezvous = false;  // ready-to-send seen: the data comes by RMA write
+  std::uint8_t writes_expected = 0;
+  std::uint8_t writes_seen = 0;
+};
+
+struct Request final : ofi::CompletionHandler {
+  Comm* comm = nullptr;
+  RequestKind kind = RequestKind::kSend;
+  bool in_use = false;
+  bool queued = false;  // waiting in the communicator's retry list
+  std::uint8_t part_count = 0;
+  std::uint8_t ops_outstanding = 0;
+  Status status = Status::kOk;
+  // Sends.
+  bool eager = false;
+  bool eager_posted = false;
+  bool local_done = false;  // eager send completed locally
+  bool rts_sent = false;
+  bool cts_matched = false;
+  bool abandoned = false;  // a post failed for good: nothing more will be sent
+  std::uint8_t stripes = 0;
+  std::uint8_t stripes_posted = 0;
+  std::uint8_t stripes_done = 0;
+  // Receives.
+  bool cts_sent = false;
+  std::array<Part, kMaxParts> parts;
+  std::array<ofi::OpContext, kMaxOps> ops;
+  std::string error;  // why status is not kOk (allocates only on errors)
+
+  void on_completion(ofi::OpContext& op, const ofi::Completion& completion) override;
+  [[nodiscard]] std::size_t op_index(const ofi::OpContext& op) const noexcept {
+    return static_cast<std::size_t>(&op - ops.data());
+  }
+  // Records the first failure; later ones keep the first reason.
+  void fail(Status why, std::string text) {
+    if (status == Status::kOk) {
+      status = why;
+      error = std::move(text);
+    }
+  }
+};
+
+}  // namespace loom::p2p

@@ -1,0 +1,221 @@
+// Sender protocol. Eager: one tagged send (tag = kind | peer comm id | seq, CQ data = user tag)
+// straight into the receiver's posted buffer; the request completes once the send completed
+// locally and the receiver's clear-to-send for that sequence confirmed the buffer fits and the
+// tags agree. Rendezvous: a ready-to-send (size, tag, stripes) goes out at once; when the
+// clear-to-send arrives the payload is written with fi_writedata in stripes over the data
+// rails, each carrying comm id | seq | stripe count as remote CQ data.
+#include "p2p/send_comm.hpp"
+
+#include <algorithm>
+
+#include "ofi/memory_registration.hpp"
+#include "p2p/context_core.hpp"
+#include "util/log.hpp"
+
+namespace loom::p2p {
+
+SendCommImpl::SendCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane)
+    : Comm(std::move(core), lane, mux::Direction::kSend),
+      min_stripe_(core_->config().min_stripe),
+      clearances_(kSeqWindow),
+      keys_(kSeqWindow * kMaxDataRails),
+      waiting_(kSeqWindow, nullptr) {}
+
+std::uint8_t SendCommImpl::stripe_count(std::size_t size) const noexcept {
+  const std::size_t by_size = std::max<std::size_t>(1, size / min_stripe_);
+  return static_cast<std::uint8_t>(std::min({by_size, data_rails_, kMaxSendStripes}));
+}
+
+Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag,
+                           const MemoryRegion& region, Request*& request) {
+  request = nullptr;
+  std::lock_guard lock(lane_->mutex());
+  if (closed_) [[unlikely]] return reject(Status::kInvalid, "isend on a closed communicator");
+  if (peer_closed_) [[unlikely]] {
+    return reject(Status::kPeerError, "isend: the peer closed the communicator");
+  }
+  const ofi::MemoryRegistration* registration = nullptr;
+  if (size != 0) {
+    registration = lookup(region, data, size);
+    if (registration == nullptr) [[unlikely]] return Status::kInvalid;
+  }
+  Request* r = allocate(RequestKind::kSend);
+  if (r == nullptr) [[unlikely]] {
+    return reject(Status::kRetry, "isend: " + std::to_string(kMaxRequests) +
+                                      " requests already in flight; test some first");
+  }
+  const std::uint32_t seq = next_seq_++;
+  r->part_count = 1;
+  r->parts[0] = Part{.data = static_cast<std::byte*>(const_cast<void*>(data)),
+                     .size = size,
+                     .tag = tag,
+                     .registration = registration,
+                     .seq = seq};
+  r->eager = size <= eager_max_;
+  r->stripes = r->eager ? 0 : stripe_count(size);
+  ++(r->eager ? stats_.eager : stats_.rendezvous);
+  waiting_[seq % kSeqWindow] = r;
+  const Clearance& clearance = clearances_[seq % kSeqWindow];
+  if (clearance.valid && clearance.seq == seq) match(*r);
+  advance(*r);
+  request = r;
+  return Status::kOk;
+}
+
+// A clear-to-send that shows a mismatch does not stop the eager message or the ready-to-send:
+// the receiver must reach the same verdict from what it gets, or its request would never end.
+// Only payload writes are skipped.
+void SendCommImpl::advance(Request& r) {
+  Part& part = r.parts[0];
+  const bool sendable = !r.abandoned && !part.done;
+  if (r.eager) {
+    if (!r.eager_posted && sendable) {
+      const std::size_t rail = part.seq % data_rails_;
+      ofi::Rail& data_rail = lane_->rails().data(rail);
+      const Status status = data_rail.tagged_send(
+          peer_data_[rail], part.data, part.size,
+          part.registration ? part.registration->desc(rail) : nullptr,
+          mux::encode_tag({mux::TagKind::kEager, peer_id_, part.seq}), part.tag, &r.ops[0]);
+      if (status == Status::kOk) {
+        r.eager_posted = true;
+        ++r.ops_outstanding;
+      } else if (status == Status::kRetry) {
+        queue_retry(r);
+      } else {
+        r.fail(Status::kError, "isend: " + data_rail.last_error());
+        r.abandoned = true;
+      }
+    }
+  } else {
+    if (!r.rts_sent && sendable) {
+      std::byte body[kRtsBytes];
+      encode_rts({.seq = part.seq, .size = part.size, .tag = part.tag, .stripes = r.stripes}, body);
+      const Status status = send_control(MessageType::kReadyToSend, part.seq, body);
+      if (status == Status::kOk) {
+        r.rts_sent = true;
+      } else if (status == Status::kRetry) {
+        queue_retry(r);
+      } else {
+        r.fail(Status::kError, "isend: " + last_error_);
+        r.abandoned = true;
+      }
+    }
+    if (r.cts_matched && r.status == Status::kOk) post_stripes(r);
+  }
+  update_done(r);
+}
+
+void SendCommImpl::post_stripes(Request& r) {
+  Part& part = r.parts[0];
+  const Clearance& clearance = clearances_[part.seq % kSeqWindow];
+  const std::uint64_t* keys = &keys_[(part.seq % kSeqWindow) * kMaxDataRails];
+  const std::uint32_t immediate =
+      mux::encode_immediate({peer_id_, static_cast<std::uint16_t>(part.seq & mux::kImmSeqMask),
+                             r.stripes});
+  const std::size_t base = part.size / r.stripes;
+  while (r.stripes_posted < r.stripes) {
+    const std::size_t i = r.stripes_posted;
+    // Even split; the last stripe takes the remainder.
+    const std::size_t offset = i * base;
+    const std::size_t length = i + 1 == r.stripes ? part.size - offset : base;
+    const std::size_t rail = (part.seq + i) % data_rails_;
+    ofi::Rail& data_rail = lane_->rails().data(rail);
+    const Status status = data_rail.write(peer_data_[rail], part.data + offset, length,
+                                          part.registration->desc(rail), clearance.address + offset,
+                                          keys[rail], immediate, &r.ops[i]);
+    if (status == Status::kRetry) {
+      queue_retry(r);
+      return;
+    }
+    if (status != Status::kOk) {
+      r.fail(Status::kError, "isend: " + data_rail.last_error());
+      r.abandoned = true;
+      return;
+    }
+    ++r.stripes_posted;
+    ++r.ops_outstanding;
+  }
+}
+
+void SendCommImpl::match(Request& r) {
+  Part& part = r.parts[0];
+  Clearance& clearance = clearances_[part.seq % kSeqWindow];
+  clearance.valid = false;
+  r.cts_matched = true;
+  if (clearance.size < part.size) {
+    r.fail(Status::kTruncated, "isend: message of " + std::to_string(part.size) +
+                                   " bytes is larger than the peer's posted buffer of " +
+                                   std::to_string(clearance.size) + " bytes (message " +
+                                   std::to_string(part.seq) + ")");
+  } else if (clearance.tag != part.tag) {
+    r.fail(Status::kInvalid, "isend: tag " + std::to_string(part.tag) +
+                                 " does not match the peer's buffer tag " +
+                                 std::to_string(clearance.tag) + " (message " +
+                                 std::to_string(part.seq) + ")");
+  }
+}
+
+void SendCommImpl::update_done(Request& r) {
+  Part& part = r.parts[0];
+  if (part.done) return;
+  const bool ok = r.status == Status::kOk;
+  if (r.eager) {
+    part.done = (r.local_done && (r.cts_matched || !ok)) || (r.abandoned && !r.eager_posted);
+  } else if (ok) {
+    part.done = r.cts_matched && r.stripes_done == r.stripes;
+  } else {
+    // Failed: done once the receiver was told (ready-to-send) and no write is in flight.
+    part.done = (r.rts_sent || r.abandoned) && r.stripes_done == r.stripes_posted;
+  }
+  if (part.done && ok) part.delivered = part.size;
+}
+
+void SendCommImpl::on_op(Request& r, std::size_t, const ofi::Completion& completion) {
+  --r.ops_outstanding;
+  if (completion.status != Status::kOk) {
+    r.fail(completion.status == Status::kCancelled ? Status::kCancelled : Status::kError,
+           "isend: " + std::string(completion.error_text));
+  }
+  if (r.eager) {
+    r.local_done = true;
+  } else {
+    ++r.stripes_done;
+  }
+  update_done(r);
+}
+
+void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const std::byte> body) {
+  const auto type = static_cast<MessageType>(header.type);
+  if (type == MessageType::kClose) {
+    peer_closed_ = true;
+    fail_all(Status::kPeerError, "the peer closed the communicator");
+    return;
+  }
+  ClearToSend cts;
+  const char* why = type == MessageType::kClearToSend ? decode_cts(body, cts)
+                                                      : "unexpected message type for a sender";
+  if (why == nullptr && cts.data_rails < data_rails_) why = "clear-to-send names too few rails";
+  if (why != nullptr) [[unlikely]] {
+    util::log().warn("comm {} on lane {}: control message dropped: {}", id_, lane_->id(), why);
+    return;
+  }
+  for (std::size_t i = 0; i < cts.count; ++i) {
+    const CtsEntry& entry = cts.entries[i];
+    const std::size_t slot = entry.seq % kSeqWindow;
+    clearances_[slot] = Clearance{true, entry.seq, entry.size, entry.tag, entry.address};
+    std::copy_n(entry.keys.begin(), data_rails_, &keys_[slot * kMaxDataRails]);
+    Request* r = waiting_[slot];
+    if (r != nullptr && r->in_use && r->kind == RequestKind::kSend && r->parts[0].seq == entry.seq &&
+        !r->cts_matched) {
+      match(*r);
+      advance(*r);
+    }
+  }
+}
+
+void SendCommImpl::on_remote_write(mux::WriteImmediate immediate) {
+  util::log().warn("comm {} on lane {}: remote write (seq {}) on a sending communicator dropped",
+                   id_, lane_->id(), immediate.seq);
+}
+
+}  // namespace loom::p2p

@@ -1,0 +1,263 @@
+// Connection setup and bad input through the p2p API.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "support/p2p_pair.hpp"
+#include "support/pattern.hpp"
+
+namespace loom::test {
+namespace {
+
+// One message each way between the two comms of a rank, verified.
+void exchange(SendComm& out, RecvComm& in, std::uint64_t out_seed, std::uint64_t in_seed,
+              std::size_t size) {
+  std::vector<std::byte> send_buffer(size), recv_buffer(size);
+  fill_pattern(send_buffer, out_seed);
+  MemoryRegion send_region = out.register_memory(send_buffer.data(), size);
+  MemoryRegion recv_region = in.register_memory(recv_buffer.data(), size);
+  Request* receive = nullptr;
+  Request* send = nullptr;
+  RecvBuffer target{recv_buffer.data(), size, 1, recv_region};
+  require(in.irecv({&target, 1}, receive) == Status::kOk, in.last_error());
+  require(out.isend(send_buffer.data(), size, 1, send_region, send) == Status::kOk,
+          out.last_error());
+  finish(out, send);
+  require(finish(in, receive) == size, "wrong size");
+  auto error = check_pattern(recv_buffer, in_seed);
+  require(error.empty(), error);
+  out.deregister(send_region);
+  in.deregister(recv_region);
+}
+
+// Both ranks listen, swap handles and connect to each other at once, polling connect and
+// accept in turn: neither may wait for the other.
+void simultaneous(Channel& channel, std::uint64_t me, std::uint64_t peer) {
+  Context context(test_config(1));
+  Listener listener = context.listen();
+  send_handle(channel, listener.handle());
+  Connector connector = context.connect(recv_handle(channel));
+  std::unique_ptr<SendComm> out;
+  std::unique_ptr<RecvComm> in;
+  poll_until([&] { return out && in; },
+             [&] {
+               if (!out) out = connector.poll();
+               if (!in) in = listener.accept();
+             },
+             "simultaneous connect");
+  exchange(*out, *in, me, peer, 100000);
+  channel.barrier();
+}
+
+}  // namespace
+
+TEST_CASE("p2p both ranks connect to each other simultaneously", "[pair]") {
+  auto failure = run_pair([](Channel& c) { simultaneous(c, 1, 2); },
+                          [](Channel& c) { simultaneous(c, 2, 1); });
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+TEST_CASE("p2p 32 communicators between one pair set up at once", "[pair]") {
+  constexpr std::size_t kComms = 32;
+  auto receiver = [](Channel& channel) {
+    Context context(test_config(1));
+    Listener listener = context.listen();
+    send_handle(channel, listener.handle());
+    std::vector<std::unique_ptr<RecvComm>> comms;
+    poll_until([&] { return comms.size() == kComms; },
+               [&] {
+                 if (auto comm = listener.accept()) comms.push_back(std::move(comm));
+               },
+               "32 accepts");
+    // The n-th accepted comm is not necessarily the sender's n-th: each message names its comm.
+    std::vector<std::vector<std::byte>> buffers(kComms, std::vector<std::byte>(8192));
+    std::vector<Request*> requests(kComms);
+    std::vector<MemoryRegion> regions(kComms);
+    for (std::size_t i = 0; i < kComms; ++i) {
+      regions[i] = comms[i]->register_memory(buffers[i].data(), 8192);
+      RecvBuffer b{buffers[i].data(), 8192, 9, regions[i]};
+      require(comms[i]->irecv({&b, 1}, requests[i]) == Status::kOk, comms[i]->last_error());
+    }
+    std::vector<bool> seen(kComms, false);
+    for (std::size_t i = 0; i < kComms; ++i) {
+      require(finish(*comms[i], requests[i]) == 8192, "size");
+      bool matched = false;
+      for (std::size_t s = 0; s < kComms && !matched; ++s) {
+        if (!seen[s] && check_pattern(buffers[i], 40 + s).empty()) seen[s] = matched = true;
+      }
+      require(matched, "comm " + std::to_string(i) + " got bytes of no sender comm");
+    }
+    REQUIRE(context.stats().lanes.size() >= 1);
+    channel.barrier();
+  };
+  auto sender = [](Channel& channel) {
+    Context context(test_config(1));
+    Handle handle = recv_handle(channel);
+    std::vector<Connector> connectors;
+    for (std::size_t i = 0; i < kComms; ++i) connectors.push_back(context.connect(handle));
+    std::vector<std::unique_ptr<SendComm>> comms(kComms);
+    std::size_t ready = 0;
+    poll_until([&] { return ready == kComms; },
+               [&] {
+                 for (std::size_t i = 0; i < kComms; ++i) {
+                   if (!comms[i] && (comms[i] = connectors[i].poll())) ++ready;
+                 }
+               },
+               "32 connects");
+    std::vector<std::vector<std::byte>> buffers(kComms, std::vector<std::byte>(8192));
+    std::vector<Request*> requests(kComms);
+    for (std::size_t i = 0; i < kComms; ++i) {
+      fill_pattern(buffers[i], 40 + i);
+      MemoryRegion region = comms[i]->register_memory(buffers[i].data(), 8192);
+      require(comms[i]->isend(buffers[i].data(), 8192, 9, region, requests[i]) == Status::kOk,
+              comms[i]->last_error());
+    }
+    for (std::size_t i = 0; i < kComms; ++i) finish(*comms[i], requests[i]);
+    channel.barrier();
+  };
+  auto failure = run_pair(receiver, sender);
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+TEST_CASE("p2p bad handles are refused with a clear error", "[local]") {
+  Context context(test_config(1));
+  Listener listener = context.listen();
+  const Handle good = listener.handle();
+  REQUIRE(good.size <= kMaxHandleBytes);
+
+  Handle wrong_magic = good;
+  wrong_magic.bytes[0] ^= std::byte{0xFF};
+  CHECK_THROWS_WITH(context.connect(wrong_magic), Catch::Contains("wrong magic"));
+  Handle wrong_version = good;
+  wrong_version.bytes[4] = std::byte{99};
+  CHECK_THROWS_WITH(context.connect(wrong_version), Catch::Contains("protocol version"));
+  Handle truncated = good;
+  truncated.size = good.size - 3;
+  CHECK_THROWS_WITH(context.connect(truncated), Catch::Contains("truncated"));
+  truncated.size = 5;
+  CHECK_THROWS_WITH(context.connect(truncated), Catch::Contains("truncated"));
+  std::vector<std::byte> too_long(kMaxHandleBytes + 1);
+  CHECK_THROWS_WITH(Handle::from_bytes(too_long), Catch::Contains("longer than a handle"));
+
+  // A wrong nonce gets as far as the listener, which refuses it: an error on both sides, and
+  // the legitimate peer still connects afterwards.
+  Handle wrong_nonce = good;
+  wrong_nonce.bytes[10] ^= std::byte{0x5A};  // inside the nonce (offset 10..17)
+  Connector forged = context.connect(wrong_nonce);
+  std::string refusal;
+  poll_until([&] { return !refusal.empty(); },
+             [&] {
+               try {
+                 (void)forged.poll();
+               } catch (const Error& e) {
+                 refusal = e.what();
+               }
+               (void)listener.accept();
+             },
+             "the refusal");
+  CHECK_THAT(refusal, Catch::Contains("wrong nonce"));
+  CHECK(listener.stats().refused == 1);
+  CHECK_THAT(listener.stats().last_refusal, Catch::Contains("wrong nonce"));
+
+  Connector genuine = context.connect(good);
+  std::unique_ptr<SendComm> out;
+  std::unique_ptr<RecvComm> in;
+  poll_until([&] { return out && in; },
+             [&] {
+               if (!out) out = genuine.poll();
+               if (!in) in = listener.accept();
+             },
+             "the genuine connect");
+  exchange(*out, *in, 77, 77, 3000);
+  CHECK(listener.stats().accepted == 1);
+}
+
+TEST_CASE("p2p bad data-path input gives clear errors and the process and other comms go on",
+          "[local]") {
+  Context context(test_config(1));
+  Listener listener = context.listen();
+  Connector connector = context.connect(listener.handle());
+  std::unique_ptr<SendComm> out;
+  std::unique_ptr<RecvComm> in;
+  poll_until([&] { return out && in; },
+             [&] {
+               if (!out) out = connector.poll();
+               if (!in) in = listener.accept();
+             },
+             "connect to self");
+  std::vector<std::byte> buffer(1 << 20);
+  fill_pattern(buffer, 3);
+  MemoryRegion region = out->register_memory(buffer.data(), 4096);
+  MemoryRegion in_region = in->register_memory(buffer.data() + 65536, 8192);
+  Request* request = nullptr;
+
+  CHECK(out->isend(buffer.data(), 100, 1, MemoryRegion{}, request) == Status::kInvalid);
+  CHECK_THAT(out->last_error(), Catch::Contains("not registered"));
+  CHECK(request == nullptr);
+  CHECK(out->isend(buffer.data() + 4000, 200, 1, region, request) == Status::kInvalid);
+  CHECK_THAT(out->last_error(), Catch::Contains("outside its registered region"));
+  out->deregister(region);
+  CHECK(out->isend(buffer.data(), 100, 1, region, request) == Status::kInvalid);
+  CHECK_THAT(out->last_error(), Catch::Contains("not registered"));
+
+  RecvBuffer nine[9];
+  for (auto& b : nine) b = {buffer.data() + 65536, 16, 1, in_region};
+  CHECK(in->irecv(nine, request) == Status::kInvalid);
+  CHECK_THAT(in->last_error(), Catch::Contains("1 to 8 buffers"));
+  CHECK(in->irecv({}, request) == Status::kInvalid);
+
+  // Messages larger than the posted buffer fail on both sides, eager and rendezvous.
+  region = out->register_memory(buffer.data(), buffer.size());
+  for (std::size_t size : {std::size_t{3000}, std::size_t{600000}}) {
+    INFO("message size " << size);
+    RecvBuffer small{buffer.data() + 65536, 1000, 4, in_region};
+    Request* receive = nullptr;
+    Request* send = nullptr;
+    REQUIRE(in->irecv({&small, 1}, receive) == Status::kOk);
+    REQUIRE(out->isend(buffer.data(), size, 4, region, send) == Status::kOk);
+    finish(*in, receive, Status::kTruncated);
+    CHECK_THAT(in->last_error(), Catch::Contains("larger than the posted buffer"));
+    finish(*out, send, Status::kTruncated);
+    CHECK_THAT(out->last_error(), Catch::Contains("larger than the peer's posted buffer"));
+  }
+  // A tag mismatch fails on both sides too.
+  {
+    RecvBuffer tagged{buffer.data() + 65536, 8192, 5, in_region};
+    Request* receive = nullptr;
+    Request* send = nullptr;
+    REQUIRE(in->irecv({&tagged, 1}, receive) == Status::kOk);
+    REQUIRE(out->isend(buffer.data(), 100, 6, region, send) == Status::kOk);
+    finish(*in, receive, Status::kInvalid);
+    CHECK_THAT(in->last_error(), Catch::Contains("tag"));
+    finish(*out, send, Status::kInvalid);
+    CHECK_THAT(out->last_error(), Catch::Contains("tag"));
+  }
+  // The pair still works after all that.
+  exchange(*out, *in, 11, 11, 5000);
+
+  // A closed communicator refuses work; another one on the same context keeps going.
+  Connector second = context.connect(listener.handle());
+  std::unique_ptr<SendComm> out2;
+  std::unique_ptr<RecvComm> in2;
+  poll_until([&] { return out2 && in2; },
+             [&] {
+               if (!out2) out2 = second.poll();
+               if (!in2) in2 = listener.accept();
+             },
+             "second connect");
+  out->close();
+  CHECK(out->isend(buffer.data(), 100, 1, region, request) == Status::kInvalid);
+  exchange(*out2, *in2, 12, 12, 700000);
+  // The peer of the closed comm sees its pending receive fail, not hang.
+  RecvBuffer orphan{buffer.data() + 65536, 100, 1, in_region};
+  Status posted = in->irecv({&orphan, 1}, request);
+  if (posted == Status::kOk) {
+    finish(*in, request, Status::kPeerError);
+  } else {
+    CHECK(posted == Status::kPeerError);
+  }
+}
+
+}  // namespace loom::test

@@ -1,0 +1,61 @@
+// Helpers for p2p tests across two processes: handle exchange, bounded connect/accept, waits.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "loom/p2p.hpp"
+#include "support/two_process.hpp"
+
+namespace loom::test {
+
+// LOOM_* from the environment (the meson matrix picks the provider), then test overrides.
+inline Config test_config(unsigned data_rails = 1) {
+  Config config = Config::from_env();
+  config.data_rails = data_rails;
+  return config;
+}
+
+inline void send_handle(Channel& channel, const Handle& handle) {
+  channel.send_bytes(handle.view());
+}
+
+inline Handle recv_handle(Channel& channel) {
+  auto bytes = channel.recv_bytes();
+  return Handle::from_bytes(bytes);
+}
+
+inline std::unique_ptr<RecvComm> accept_one(Listener& listener,
+                                            std::chrono::seconds timeout = 30s) {
+  std::unique_ptr<RecvComm> comm;
+  poll_until([&] { return comm != nullptr; }, [&] { comm = listener.accept(); }, "accept",
+             timeout);
+  return comm;
+}
+
+inline std::unique_ptr<SendComm> connect_one(Context& context, const Handle& handle,
+                                             std::chrono::seconds timeout = 30s) {
+  Connector connector = context.connect(handle);
+  std::unique_ptr<SendComm> comm;
+  poll_until([&] { return comm != nullptr; }, [&] { comm = connector.poll(); }, "connect",
+             timeout);
+  return comm;
+}
+
+// Waits for `request`; requires kOk unless `expect` says otherwise. Returns the sizes.
+inline std::size_t finish(Communicator& comm, Request* request, Status expect = Status::kOk,
+                          std::chrono::seconds timeout = 60s) {
+  bool done = false;
+  std::size_t size = 0;
+  Status status = Status::kOk;
+  poll_until([&] { return done || status != Status::kOk; },
+             [&] { status = comm.test(request, done, {&size, 1}); }, "request", timeout);
+  require(done, "request failed before completing: " + comm.last_error());
+  require(status == expect, "request status " + std::string(to_string(status)) + ", expected " +
+                                std::string(to_string(expect)) + ": " + comm.last_error());
+  return size;
+}
+
+}  // namespace loom::test
