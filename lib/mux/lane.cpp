@@ -32,9 +32,7 @@ Lane::Lane(std::span<ofi::Nic* const> nics, const LaneShape& shape, LaneKey key,
                               .control_rails = shape.control_rails,
                               .depths = shape.depths,
                               .mr_cache_entries = shape.mr_cache_entries});
-  for (std::size_t i = 0; i < rails_->data_rails(); ++i) {
-    rails_->data(i).set_remote_write_handler(this);
-  }
+  rails_->set_remote_write_handler(this);
   auto all = rails_->rails();
   control_ = std::make_unique<ControlChannel>(all.subspan(rails_->data_rails()),
                                             static_cast<ControlSink&>(*this));
@@ -94,15 +92,17 @@ ofi::Address Lane::peer_address(std::size_t rail, std::span<const std::byte> nam
 }
 
 std::size_t Lane::progress() {
-  std::size_t handled = rails_->progress();
-  control_->retry_reposts();
-  if (!retries_.empty()) [[unlikely]] {
+  // Batched control messages and posts held back by back-pressure go first, so what the peer
+  // waits for leaves before we look for what we wait for.
+  if (!retries_.empty()) {
     retrying_.swap(retries_);
     for (CommId id : retrying_) {
       if (id < comms_.size() && comms_[id] != nullptr) comms_[id]->on_retry();
     }
     retrying_.clear();
   }
+  const std::size_t handled = rails_->progress();
+  control_->retry_reposts();
   return handled;
 }
 

@@ -19,8 +19,6 @@ static_assert(alignof(fi_context2) <= alignof(OpContext));
 
 namespace {
 
-// Receives kept posted for FI_RX_CQ_DATA providers: enough to cover a window of writes.
-constexpr std::size_t kRxCqDataCredits = 64;
 // A rail's AV holds its own address and few peers; libfabric grows it when needed.
 constexpr std::size_t kAvCount = 16;
 
@@ -33,8 +31,9 @@ FlushBuffer::FlushBuffer(Rail& rail) : storage_(std::make_unique<std::byte[]>(kB
 
 FlushBuffer::~FlushBuffer() = default;
 
-Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths)
-    : nic_(&nic), role_(role), index_(index), depths_(depths) {
+Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths,
+           CompletionQueue* shared)
+    : nic_(&nic), role_(role), index_(index), depths_(depths), cq_(shared) {
   const std::string& provider = nic.attributes().provider;
   const std::string operation = "open " + describe();
 
@@ -51,15 +50,11 @@ Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths)
   }
   av_.reset(av);
 
-  fi_cq_attr cq_attr{};
-  cq_attr.format = FI_CQ_FORMAT_TAGGED;
-  cq_attr.size = depths_.tx + depths_.rx + kRxCqDataCredits;
-  cq_attr.wait_obj = FI_WAIT_NONE;
-  fid_cq* cq = nullptr;
-  if (int rc = fi_cq_open(nic.domain(), &cq_attr, &cq, nullptr); rc != 0) {
-    throw_fi_error(operation, "fi_cq_open", provider, rc);
+  if (cq_ == nullptr) {
+    own_cq_ = std::make_unique<CompletionQueue>(nic, depths_.tx + depths_.rx + kRxCqDataCredits);
+    cq_ = own_cq_.get();
   }
-  cq_.reset(cq);
+  cq_->attach(*this);
 
   fid_ep* endpoint = nullptr;
   if (int rc = fi_endpoint(nic.domain(), info.get(), &endpoint, nullptr); rc != 0) {
@@ -69,7 +64,7 @@ Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths)
   if (int rc = fi_ep_bind(endpoint_.get(), &av_->fid, 0); rc != 0) {
     throw_fi_error(operation, "fi_ep_bind(av)", provider, rc);
   }
-  if (int rc = fi_ep_bind(endpoint_.get(), &cq_->fid, FI_TRANSMIT | FI_RECV); rc != 0) {
+  if (int rc = fi_ep_bind(endpoint_.get(), &cq_->get()->fid, FI_TRANSMIT | FI_RECV); rc != 0) {
     throw_fi_error(operation, "fi_ep_bind(cq)", provider, rc);
   }
   if (int rc = fi_enable(endpoint_.get()); rc != 0) {

@@ -12,6 +12,7 @@
 
 #include "loom/error.hpp"
 #include "ofi/completion.hpp"
+#include "ofi/completion_queue.hpp"
 #include "ofi/fid.hpp"
 
 namespace loom::ofi {
@@ -34,9 +35,7 @@ struct RailStats {
   std::uint64_t bytes_sent = 0;     // tagged and untagged sends
   std::uint64_t bytes_written = 0;  // RMA writes
   std::uint64_t bytes_read = 0;     // RMA reads (flushes included)
-  std::uint64_t completions = 0;
-  std::uint64_t errors = 0;              // error completions and failed posts
-  std::uint64_t stray_remote_writes = 0;  // remote CQ data with no handler to take it
+  std::uint64_t errors = 0;         // failed posts
 };
 
 // Each endpoint owns a small registered buffer. A flush reads a few bytes of the last received
@@ -57,11 +56,13 @@ class FlushBuffer {
 
 class Rail {
  public:
-  static constexpr std::size_t kCqBatch = 32;
+  // Receives kept posted for FI_RX_CQ_DATA providers: enough to cover a window of writes.
+  static constexpr std::size_t kRxCqDataCredits = 64;
 
-  // Opens an endpoint on `nic`, binds a new CQ and AV to it, enables it and inserts its own
-  // address (for flush reads). Throws loom::Error.
-  Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths);
+  // Opens an endpoint on `nic`, binds it to `shared` (or a CQ of its own when null) and a new
+  // AV, enables it and inserts its own address (for flush reads). Throws loom::Error.
+  Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths,
+       CompletionQueue* shared = nullptr);
   ~Rail();
   Rail(const Rail&) = delete;
   Rail& operator=(const Rail&) = delete;
@@ -79,7 +80,11 @@ class Rail {
   Address insert_peer(std::span<const std::byte> address);
   void remove_peer(Address peer) noexcept;
 
-  void set_remote_write_handler(RemoteWriteHandler* handler) noexcept { remote_writes_ = handler; }
+  [[nodiscard]] CompletionQueue& completion_queue() const noexcept { return *cq_; }
+  // Sets the handler of the CQ this rail completes on (shared by the rail set's rails there).
+  void set_remote_write_handler(RemoteWriteHandler* handler) noexcept {
+    cq_->set_remote_write_handler(handler);
+  }
 
   // ---- data path (rail_datapath.cpp): kOk when posted, kRetry on back-pressure (progress and
   // post again), kError otherwise with last_error() saying why. `desc` comes from
@@ -103,8 +108,16 @@ class Rail {
   // Asks the provider to cancel a posted receive; it completes with Status::kCancelled.
   Status cancel(OpContext* op) noexcept;
 
-  // Reads up to kCqBatch completions and dispatches them; returns how many were handled.
-  std::size_t progress();
+  // Reads this rail's CQ once (and with it the other rails sharing it); returns completions
+  // handled.
+  std::size_t progress() { return cq_->progress(); }
+
+  // FI_RX_CQ_DATA: whether `op` is one of this rail's posted credits, and posting it again.
+  [[nodiscard]] bool owns_credit(const OpContext* op) const noexcept {
+    return !rx_cq_data_credits_.empty() && op >= rx_cq_data_credits_.data() &&
+           op < rx_cq_data_credits_.data() + rx_cq_data_credits_.size();
+  }
+  void repost_credit(OpContext* op) { recv(nullptr, 0, nullptr, op); }
 
   [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
   [[nodiscard]] std::span<const std::byte> flush_bytes() const noexcept {
@@ -113,21 +126,20 @@ class Rail {
 
  private:
   Status post_failed(const char* call, long rc);
-  void read_error_entry();
   void post_rx_cq_data_credits();
 
   Nic* nic_;
   RailRole role_;
   std::size_t index_;
   RailDepths depths_;
-  // Declaration order is teardown order, reversed: flush buffer MR, endpoint, CQ, AV.
+  // Declaration order is teardown order, reversed: flush buffer MR, endpoint, own CQ, AV.
   FidPtr<fid_av> av_;
-  FidPtr<fid_cq> cq_;
+  std::unique_ptr<CompletionQueue> own_cq_;
+  CompletionQueue* cq_;
   FidPtr<fid_ep> endpoint_;
   std::unique_ptr<FlushBuffer> flush_;
   std::vector<std::byte> name_;
   Address self_ = 0;
-  RemoteWriteHandler* remote_writes_ = nullptr;
   // Receives consumed by remote CQ data, for providers in FI_RX_CQ_DATA mode.
   std::vector<OpContext> rx_cq_data_credits_;
   RailStats stats_;

@@ -30,14 +30,30 @@ RailSet::RailSet(std::span<Nic* const> nics, const RailSetShape& shape)
                     std::to_string(shape.control_rails) + " control)");
   }
   const std::size_t total = shape.data_rails + shape.control_rails;
+  // Data rail i and control rail j go to NIC i % n and j % n.
+  auto nic_index = [&](std::size_t i) {
+    return (i < shape.data_rails ? i : i - shape.data_rails) % nics.size();
+  };
+  // One CQ per NIC, sized for every rail it serves.
+  std::vector<std::size_t> cq_sizes(nics.size(), 0);
+  std::vector<RailDepths> depths(total);
+  for (std::size_t i = 0; i < total; ++i) {
+    depths[i] = clamp_depths(*nics[nic_index(i)], shape.depths);
+    cq_sizes[nic_index(i)] += depths[i].tx + depths[i].rx + Rail::kRxCqDataCredits;
+  }
+  for (std::size_t n = 0; n < nics.size(); ++n) {
+    cqs_.push_back(cq_sizes[n] != 0 ? std::make_unique<CompletionQueue>(*nics[n], cq_sizes[n])
+                                    : nullptr);
+  }
   rails_.reserve(total);
   for (std::size_t i = 0; i < total; ++i) {
     const bool data = i < shape.data_rails;
-    Nic& nic = *nics[(data ? i : i - shape.data_rails) % nics.size()];
-    rails_.push_back(std::make_unique<Rail>(nic, data ? RailRole::kData : RailRole::kControl, i,
-                                            clamp_depths(nic, shape.depths)));
+    rails_.push_back(std::make_unique<Rail>(*nics[nic_index(i)],
+                                            data ? RailRole::kData : RailRole::kControl, i,
+                                            depths[i], cqs_[nic_index(i)].get()));
     rail_pointers_.push_back(rails_.back().get());
   }
+  std::erase(cqs_, nullptr);
   mr_cache_ = std::make_unique<MrCache>(rail_pointers_, shape.mr_cache_entries);
 }
 
@@ -45,8 +61,12 @@ RailSet::~RailSet() = default;
 
 std::size_t RailSet::progress() {
   std::size_t handled = 0;
-  for (auto& rail : rails_) handled += rail->progress();
+  for (auto& cq : cqs_) handled += cq->progress();
   return handled;
+}
+
+void RailSet::set_remote_write_handler(RemoteWriteHandler* handler) noexcept {
+  for (auto& cq : cqs_) cq->set_remote_write_handler(handler);
 }
 
 }  // namespace loom::ofi

@@ -39,11 +39,15 @@ class RailSet {
   [[nodiscard]] std::span<Rail* const> rails() const noexcept { return rail_pointers_; }
   [[nodiscard]] MrCache& mr_cache() noexcept { return *mr_cache_; }
 
-  // Polls every rail's CQ once; returns completions handled.
+  // Reads each of the set's CQs (one per NIC) once; returns completions handled.
   std::size_t progress();
+  // Remote writes arriving on any of the set's rails go to `handler`.
+  void set_remote_write_handler(RemoteWriteHandler* handler) noexcept;
 
  private:
   std::size_t data_rails_;
+  // Declaration order is teardown order, reversed: MR cache, rails (endpoints), CQs.
+  std::vector<std::unique_ptr<CompletionQueue>> cqs_;
   std::vector<std::unique_ptr<Rail>> rails_;
   std::vector<Rail*> rail_pointers_;
   std::unique_ptr<MrCache> mr_cache_;  // last: destroyed first

@@ -141,7 +141,7 @@ Request* Comm::allocate(RequestKind kind) {
   r.ops_outstanding = 0;
   r.status = Status::kOk;
   r.eager = r.eager_posted = r.local_done = r.rts_sent = r.cts_matched = r.cts_sent = false;
-  r.abandoned = false;
+  r.rts_queued = r.cts_queued = r.abandoned = false;
   r.stripes = r.stripes_posted = r.stripes_done = 0;
   r.error.clear();
   return &r;
@@ -169,6 +169,7 @@ void Comm::queue_retry(Request& request) {
 }
 
 void Comm::on_retry() {
+  flush_control();
   retrying_.swap(retry_);
   for (Request* r : retrying_) {
     r->queued = false;
@@ -197,10 +198,17 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
     return reject(Status::kInvalid, "test: not a pending request of this communicator");
   }
   std::unique_lock lock(lane_->mutex());
-  lane_->progress();
+  // An earlier CQ read may already have finished it: only poll (a system call on some
+  // providers) for requests still pending.
+  const std::size_t handled = finished(*request) ? 1 : lane_->progress();
   if (!finished(*request)) {
     lock.unlock();
-    core_->lanes().progress_another(*lane_);
+    // Our lane had nothing to do: now and then give another a turn (see
+    // LaneRegistry::progress_another). Not every time: on shm each poll contends for the
+    // peer's queue lock.
+    if (handled == 0 && (++idle_polls_ & (kIdlePollsPerKick - 1)) == 0) {
+      core_->lanes().progress_another(*lane_);
+    }
     return Status::kOk;
   }
   done = true;

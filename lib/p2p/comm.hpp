@@ -24,6 +24,9 @@ class ContextCore;
 // can hold. Remote CQ data carries 12 sequence bits, so the window must divide 4096.
 inline constexpr std::size_t kMaxRequests = 128;
 inline constexpr std::size_t kSeqWindow = 1024;
+// Idle test() calls between turns given to another lane (a power of two).
+inline constexpr unsigned kIdlePollsPerKick = 16;
+static_assert((kIdlePollsPerKick & (kIdlePollsPerKick - 1)) == 0);
 static_assert(kMaxRequests * kMaxParts <= kSeqWindow);
 static_assert(((std::size_t{1} << mux::kImmSeqBits) % kSeqWindow) == 0);
 static_assert(kSeqWindow <= (std::size_t{1} << mux::kTagSeqBits));
@@ -78,6 +81,10 @@ class Comm : public mux::CommPort {
 
   // Posts whatever `request` is ready for; queues it for retry on back-pressure.
   virtual void advance(Request& request) = 0;
+  // Sends the batched control entries; called at the lane's next progress (see on_retry).
+  virtual void flush_control() = 0;
+  // Asks for flush_control() at the lane's next progress.
+  void schedule_flush() { lane_->schedule_retry(id_); }
   // Cancels posted receives of `request` (closing); the cancellations complete later.
   virtual void cancel(Request& request) = 0;
 
@@ -103,6 +110,7 @@ class Comm : public mux::CommPort {
   std::vector<Request*> retrying_;
   std::string last_error_;
   CommStats stats_;
+  unsigned idle_polls_ = 0;
 };
 
 }  // namespace loom::p2p

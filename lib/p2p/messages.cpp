@@ -10,7 +10,9 @@ using util::WireReader;
 using util::WireWriter;
 
 static_assert(kHandleHeaderBytes + 1 + 16 <= 128, "an IPv4 sockaddr must fit a handle");
-static_assert(cts_bytes(kMaxParts, kMaxDataRails) <= mux::kMaxControlBody);
+static_assert(max_cts_entries(kMaxDataRails) >= kMaxParts, "a whole irecv fits one message");
+static_assert(cts_bytes(max_cts_entries(1), 1) <= mux::kMaxControlBody);
+static_assert(rts_bytes(kMaxBatch) <= mux::kMaxControlBody);
 static_assert(kMaxDataRails <= mux::kMaxStripes);
 
 void put_address(WireWriter& w, std::span<const std::byte> address) {
@@ -153,9 +155,11 @@ const char* decode_accept(std::span<const std::byte> in, AcceptMessage& out) {
 }
 
 std::size_t encode_reject(const RejectMessage& m, std::span<std::byte> out) {
+  const auto reason = static_cast<std::uint8_t>(m.reason);
+  if (reason < 1 || reason > static_cast<std::uint8_t>(RejectReason::kSetupFailed)) return 0;
   WireWriter w(out);
   w.u32(m.connect_id);
-  w.u8(static_cast<std::uint8_t>(m.reason));
+  w.u8(reason);
   return finish(w);
 }
 
@@ -183,7 +187,8 @@ const char* to_string(RejectReason reason) {
 }
 
 std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
-  if (m.count == 0 || m.count > kMaxParts || m.data_rails == 0 || m.data_rails > kMaxDataRails) {
+  if (m.data_rails == 0 || m.data_rails > kMaxDataRails || m.count == 0 ||
+      m.count > max_cts_entries(m.data_rails)) {
     return 0;
   }
   WireWriter w(out);
@@ -205,9 +210,11 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
   out.count = r.u8();
   out.data_rails = r.u8();
   if (!r.ok()) return "clear-to-send truncated";
-  if (out.count == 0 || out.count > kMaxParts) return "clear-to-send: entry count out of range";
   if (out.data_rails == 0 || out.data_rails > kMaxDataRails) {
     return "clear-to-send: rail count out of range";
+  }
+  if (out.count == 0 || out.count > max_cts_entries(out.data_rails)) {
+    return "clear-to-send: entry count out of range";
   }
   if (in.size() != cts_bytes(out.count, out.data_rails)) return "clear-to-send: wrong length";
   for (std::size_t i = 0; i < out.count; ++i) {
@@ -222,25 +229,39 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
 }
 
 std::size_t encode_rts(const ReadyToSend& m, std::span<std::byte> out) {
+  if (m.count == 0 || m.count > kMaxBatch) return 0;
+  for (std::size_t i = 0; i < m.count; ++i) {
+    if (m.entries[i].stripes == 0 || m.entries[i].stripes > mux::kMaxStripes) return 0;
+  }
   WireWriter w(out);
-  w.u32(m.seq);
-  w.u64(m.size);
-  w.u32(m.tag);
-  w.u8(m.stripes);
+  w.u8(m.count);
+  for (std::size_t i = 0; i < m.count; ++i) {
+    const RtsEntry& e = m.entries[i];
+    w.u32(e.seq);
+    w.u64(e.size);
+    w.u32(e.tag);
+    w.u8(e.stripes);
+  }
   return finish(w);
 }
 
 const char* decode_rts(std::span<const std::byte> in, ReadyToSend& out) {
   WireReader r(in);
-  out.seq = r.u32();
-  out.size = r.u64();
-  out.tag = r.u32();
-  out.stripes = r.u8();
-  if (!r.done()) return "ready-to-send has the wrong length";
-  if (out.stripes == 0 || out.stripes > mux::kMaxStripes) {
-    return "ready-to-send: stripe count out of range";
+  out.count = r.u8();
+  if (!r.ok()) return "ready-to-send truncated";
+  if (out.count == 0 || out.count > kMaxBatch) return "ready-to-send: entry count out of range";
+  if (in.size() != rts_bytes(out.count)) return "ready-to-send has the wrong length";
+  for (std::size_t i = 0; i < out.count; ++i) {
+    RtsEntry& e = out.entries[i];
+    e.seq = r.u32();
+    e.size = r.u64();
+    e.tag = r.u32();
+    e.stripes = r.u8();
+    if (e.stripes == 0 || e.stripes > mux::kMaxStripes) {
+      return "ready-to-send: stripe count out of range";
+    }
   }
-  return nullptr;
+  return r.done() ? nullptr : "ready-to-send has the wrong length";
 }
 
 }  // namespace loom::p2p

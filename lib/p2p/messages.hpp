@@ -1,7 +1,10 @@
 // Every message loom's p2p layer puts on the wire: the listen handle, the connection handshake
 // (on the context's bootstrap endpoint) and the per-communicator control messages (on a lane's
-// control rails). Decoders check lengths, magic, version and ranges before anything is used,
-// and return the reason for a refusal (nullptr on success).
+// control rails). Decoders check lengths and ranges (and the handle its magic and version;
+// control messages' magic and version are in the mux header; a connect's echoed magic,
+// version and nonce are judged by the listener, which answers with a reason) before anything
+// is used, and return the reason for a refusal (nullptr on success). Encoders return 0 for a
+// value their decoder would refuse.
 #pragma once
 
 #include <array>
@@ -10,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "mux/control_channel.hpp"
 #include "mux/routing.hpp"
 
 namespace loom::p2p {
@@ -92,6 +96,10 @@ const char* decode_reject(std::span<const std::byte> in, RejectMessage& out);
 const char* to_string(RejectReason reason);
 
 // ---- communicator control ----
+// Entries are batched: a communicator collects what it has to announce and sends it in one
+// message at the next progress of its lane (or when a batch fills).
+inline constexpr std::size_t kMaxBatch = 64;  // a fabtests-sized window in one message
+
 struct CtsEntry {
   std::uint32_t seq = 0;
   std::uint64_t size = 0;  // the posted buffer's size
@@ -102,21 +110,31 @@ struct CtsEntry {
 struct ClearToSend {
   std::uint8_t count = 0;
   std::uint8_t data_rails = 0;  // keys per entry
-  std::array<CtsEntry, kMaxParts> entries;
+  std::array<CtsEntry, kMaxBatch> entries;
 };
 inline constexpr std::size_t cts_bytes(std::size_t count, std::size_t rails) {
   return 2 + count * (4 + 8 + 4 + 8 + 8 * rails);
 }
+// Entries one clear-to-send can carry with `rails` keys each.
+inline constexpr std::size_t max_cts_entries(std::size_t rails) {
+  const std::size_t fit = (mux::kMaxControlBody - 2) / (4 + 8 + 4 + 8 + 8 * rails);
+  return fit < kMaxBatch ? fit : kMaxBatch;
+}
 std::size_t encode_cts(const ClearToSend& message, std::span<std::byte> out);
 const char* decode_cts(std::span<const std::byte> in, ClearToSend& out);
 
-struct ReadyToSend {
+struct RtsEntry {
   std::uint32_t seq = 0;
   std::uint64_t size = 0;
   std::uint32_t tag = 0;
   std::uint8_t stripes = 0;
 };
-inline constexpr std::size_t kRtsBytes = 4 + 8 + 4 + 1;
+struct ReadyToSend {
+  std::uint8_t count = 0;
+  std::array<RtsEntry, kMaxBatch> entries;
+};
+inline constexpr std::size_t kRtsEntryBytes = 4 + 8 + 4 + 1;
+inline constexpr std::size_t rts_bytes(std::size_t count) { return 1 + count * kRtsEntryBytes; }
 std::size_t encode_rts(const ReadyToSend& message, std::span<std::byte> out);
 const char* decode_rts(std::span<const std::byte> in, ReadyToSend& out);
 

@@ -102,7 +102,7 @@ void RecvCommImpl::advance(Request& r) {
     return;
   }
   for (std::size_t i = 0; i < r.part_count; ++i) post_receive(r, i);
-  if (!r.cts_sent) send_clearance(r);
+  if (!r.cts_queued) announce(r);
 }
 
 void RecvCommImpl::post_receive(Request& r, std::size_t i) {
@@ -125,34 +125,58 @@ void RecvCommImpl::post_receive(Request& r, std::size_t i) {
   }
 }
 
-void RecvCommImpl::send_clearance(Request& r) {
-  ClearToSend cts;
-  cts.count = r.part_count;
-  cts.data_rails = static_cast<std::uint8_t>(data_rails_);
+void RecvCommImpl::announce(Request& r) {
+  if (batch_limit_ == 0) {
+    batch_limit_ = max_cts_entries(data_rails_);
+    batched_.reserve(batch_limit_);
+  }
+  if (batch_.count + r.part_count > batch_limit_) flush_control();
+  if (batch_.count + r.part_count > batch_limit_) {
+    queue_retry(r);  // the batch is stuck behind back-pressure: try again later
+    return;
+  }
+  batch_.data_rails = static_cast<std::uint8_t>(data_rails_);
   for (std::size_t i = 0; i < r.part_count; ++i) {
     const Part& part = r.parts[i];
-    CtsEntry& entry = cts.entries[i];
+    CtsEntry& entry = batch_.entries[batch_.count++];
     entry.seq = part.seq;
     entry.size = part.size;
     entry.tag = part.tag;
+    entry.address = 0;
     if (part.registration != nullptr) {
       entry.address = part.registration->remote_address(part.data);
       for (std::size_t k = 0; k < data_rails_; ++k) entry.keys[k] = part.registration->key(k);
     }
   }
-  std::byte body[cts_bytes(kMaxParts, kMaxDataRails)];
-  const std::size_t length = encode_cts(cts, body);
-  const Status status = send_control(MessageType::kClearToSend, r.parts[0].seq, {body, length});
-  if (status == Status::kOk) {
-    r.cts_sent = true;
-  } else if (status == Status::kRetry) {
-    queue_retry(r);
-  } else {
-    // The sender cannot learn of these buffers: fail what has not arrived yet.
-    r.cts_sent = true;
-    r.fail(Status::kError, "irecv: " + last_error_);
-    cancel(r);
+  r.cts_queued = true;
+  batched_.push_back(&r);
+  schedule_flush();
+}
+
+void RecvCommImpl::flush_control() {
+  if (batch_.count == 0) return;
+  if (closed_ || peer_closed_) {
+    batch_.count = 0;
+    batched_.clear();
+    return;
   }
+  std::byte body[mux::kMaxControlBody];
+  const std::size_t length = encode_cts(batch_, body);
+  const Status status = send_control(MessageType::kClearToSend, batch_.entries[0].seq, {body, length});
+  if (status == Status::kRetry) {
+    schedule_flush();
+    return;
+  }
+  for (Request* r : batched_) {
+    r->cts_sent = true;
+    if (status != Status::kOk) {
+      // The sender cannot learn of these buffers: fail what has not arrived yet.
+      r->fail(Status::kError, "irecv: " + last_error_);
+      cancel(*r);
+    }
+  }
+  batch_.count = 0;
+  batched_.clear();
 }
 
 void RecvCommImpl::cancel(Request& r) {
@@ -234,30 +258,33 @@ Part* RecvCommImpl::waiting_part(std::uint32_t seq, std::uint32_t mask, Request*
 }
 
 void RecvCommImpl::on_ready_to_send(std::span<const std::byte> body) {
-  ReadyToSend rts;
-  if (const char* why = decode_rts(body, rts)) [[unlikely]] {
+  ReadyToSend batch;
+  if (const char* why = decode_rts(body, batch)) [[unlikely]] {
     util::log().warn("comm {} on lane {}: ready-to-send dropped: {}", id_, lane_->id(), why);
     return;
   }
-  Request* r = nullptr;
-  std::size_t i = 0;
-  Part* part = waiting_part(rts.seq, ~0u, &r, &i);
-  if (part != nullptr && !part->rendezvous) {
-    apply_ready_to_send(*r, i, rts);
-    return;
+  for (std::size_t k = 0; k < batch.count; ++k) {
+    const RtsEntry& rts = batch.entries[k];
+    Request* r = nullptr;
+    std::size_t i = 0;
+    Part* part = waiting_part(rts.seq, ~0u, &r, &i);
+    if (part != nullptr && !part->rendezvous) {
+      apply_ready_to_send(*r, i, rts);
+      continue;
+    }
+    // Sequence numbers run ahead of next_seq_ only by what the sender may have in flight.
+    const std::uint32_t ahead = rts.seq - next_seq_;
+    if (part == nullptr && ahead < kMaxRequests) {
+      early_[rts.seq % kSeqWindow] = rts;
+      early_valid_[rts.seq % kSeqWindow] = true;
+      continue;
+    }
+    util::log().warn("comm {} on lane {}: ready-to-send for message {} dropped: no buffer "
+                     "waits for it", id_, lane_->id(), rts.seq);
   }
-  // Sequence numbers run ahead of next_seq_ only by what the sender may have in flight.
-  const std::uint32_t ahead = rts.seq - next_seq_;
-  if (part == nullptr && ahead < kMaxRequests) {
-    early_[rts.seq % kSeqWindow] = rts;
-    early_valid_[rts.seq % kSeqWindow] = true;
-    return;
-  }
-  util::log().warn("comm {} on lane {}: ready-to-send for message {} dropped: no buffer waits "
-                   "for it", id_, lane_->id(), rts.seq);
 }
 
-void RecvCommImpl::apply_ready_to_send(Request& r, std::size_t i, const ReadyToSend& rts) {
+void RecvCommImpl::apply_ready_to_send(Request& r, std::size_t i, const RtsEntry& rts) {
   Part* part = &r.parts[i];
   part->rendezvous = true;
   if (part->writes_seen != 0 && part->writes_expected != rts.stripes) {

@@ -28,19 +28,24 @@ class RecvCommImpl final : public Comm {
 
   void advance(Request& request) override;
   void cancel(Request& request) override;
+  void flush_control() override;
   void post_receive(Request& request, std::size_t index);
-  void send_clearance(Request& request);
+  // Adds the request's buffers to the clear-to-send batch (flushing first if they don't fit).
+  void announce(Request& request);
   void on_ready_to_send(std::span<const std::byte> body);
-  void apply_ready_to_send(Request& request, std::size_t index, const ReadyToSend& rts);
+  void apply_ready_to_send(Request& request, std::size_t index, const RtsEntry& rts);
   // The part waiting for `seq` (compared on `mask` bits), or nullptr if none is.
   Part* waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner, std::size_t* index);
   void finish_rendezvous(Part& part);
 
   std::uint32_t next_seq_ = 0;
   std::vector<Slot> by_seq_;  // by seq % kSeqWindow
+  ClearToSend batch_;          // entries not sent yet
+  std::vector<Request*> batched_;  // the requests they belong to
+  std::size_t batch_limit_ = 0;
   // Ready-to-sends that arrived before their buffer was posted, by seq % kSeqWindow. The
   // sender has at most kMaxRequests messages in flight, so the window covers them.
-  std::vector<ReadyToSend> early_;
+  std::vector<RtsEntry> early_;
   std::vector<bool> early_valid_;
 };
 

@@ -56,6 +56,7 @@ struct Request final : ofi::CompletionHandler {
   bool eager = false;
   bool eager_posted = false;
   bool local_done = false;  // eager send completed locally
+  bool rts_queued = false;  // in the ready-to-send batch
   bool rts_sent = false;
   bool cts_matched = false;
   bool abandoned = false;  // a post failed for good: nothing more will be sent
@@ -63,6 +64,7 @@ struct Request final : ofi::CompletionHandler {
   std::uint8_t stripes_posted = 0;
   std::uint8_t stripes_done = 0;
   // Receives.
+  bool cts_queued = false;  // in the clear-to-send batch
   bool cts_sent = false;
   std::array<Part, kMaxParts> parts;
   std::array<ofi::OpContext, kMaxOps> ops;

@@ -19,7 +19,9 @@ SendCommImpl::SendCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane)
       min_stripe_(core_->config().min_stripe),
       clearances_(kSeqWindow),
       keys_(kSeqWindow * kMaxDataRails),
-      waiting_(kSeqWindow, nullptr) {}
+      waiting_(kSeqWindow, nullptr) {
+  batched_.reserve(kMaxBatch);
+}
 
 std::uint8_t SendCommImpl::stripe_count(std::size_t size) const noexcept {
   const std::size_t by_size = std::max<std::size_t>(1, size / min_stripe_);
@@ -87,22 +89,48 @@ void SendCommImpl::advance(Request& r) {
       }
     }
   } else {
-    if (!r.rts_sent && sendable) {
-      std::byte body[kRtsBytes];
-      encode_rts({.seq = part.seq, .size = part.size, .tag = part.tag, .stripes = r.stripes}, body);
-      const Status status = send_control(MessageType::kReadyToSend, part.seq, body);
-      if (status == Status::kOk) {
-        r.rts_sent = true;
-      } else if (status == Status::kRetry) {
-        queue_retry(r);
+    if (!r.rts_queued && sendable) {
+      if (batch_.count == kMaxBatch) flush_control();
+      if (batch_.count == kMaxBatch) {
+        queue_retry(r);  // the batch is stuck behind back-pressure: try again later
       } else {
-        r.fail(Status::kError, "isend: " + last_error_);
-        r.abandoned = true;
+        batch_.entries[batch_.count++] =
+            RtsEntry{.seq = part.seq, .size = part.size, .tag = part.tag, .stripes = r.stripes};
+        batched_.push_back(&r);
+        r.rts_queued = true;
+        schedule_flush();
       }
     }
     if (r.cts_matched && r.status == Status::kOk) post_stripes(r);
   }
   update_done(r);
+}
+
+void SendCommImpl::flush_control() {
+  if (batch_.count == 0) return;
+  if (closed_ || peer_closed_) {
+    batch_.count = 0;
+    batched_.clear();
+    return;
+  }
+  std::byte body[rts_bytes(kMaxBatch)];
+  const std::size_t length = encode_rts(batch_, body);
+  const Status status =
+      send_control(MessageType::kReadyToSend, batch_.entries[0].seq, {body, length});
+  if (status == Status::kRetry) {
+    schedule_flush();
+    return;
+  }
+  for (Request* r : batched_) {
+    r->rts_sent = true;
+    if (status != Status::kOk) {
+      r->fail(Status::kError, "isend: " + last_error_);
+      r->abandoned = true;
+    }
+    update_done(*r);
+  }
+  batch_.count = 0;
+  batched_.clear();
 }
 
 void SendCommImpl::post_stripes(Request& r) {

@@ -30,6 +30,7 @@ class SendCommImpl final : public Comm {
 
   void advance(Request& request) override;
   void cancel(Request&) override {}  // sends are not cancelled: they complete or fail
+  void flush_control() override;
   void match(Request& request);
   void post_stripes(Request& request);
   void update_done(Request& request);
@@ -40,6 +41,8 @@ class SendCommImpl final : public Comm {
   std::vector<Clearance> clearances_;   // by seq % kSeqWindow
   std::vector<std::uint64_t> keys_;     // kSeqWindow x kMaxDataRails remote keys
   std::vector<Request*> waiting_;       // sends by seq % kSeqWindow
+  ReadyToSend batch_;                    // ready-to-sends not sent yet
+  std::vector<Request*> batched_;        // the requests they belong to
 };
 
 }  // namespace loom::p2p

@@ -1,0 +1,121 @@
+#include "ofi/completion_queue.hpp"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_eq.h>
+
+#include <cstdlib>
+
+#include "ofi/error.hpp"
+#include "ofi/nic.hpp"
+#include "ofi/rail.hpp"
+#include "util/log.hpp"
+
+namespace loom::ofi {
+
+CompletionQueue::CompletionQueue(Nic& nic, std::size_t size) : nic_(&nic) {
+  fi_cq_attr attr{};
+  attr.format = FI_CQ_FORMAT_TAGGED;
+  attr.size = size;
+  attr.wait_obj = FI_WAIT_NONE;
+  fid_cq* cq = nullptr;
+  if (int rc = fi_cq_open(nic.domain(), &attr, &cq, nullptr); rc != 0) {
+    throw_fi_error("open completion queue on " + nic.attributes().domain, "fi_cq_open",
+                   nic.attributes().provider, rc);
+  }
+  cq_.reset(cq);
+}
+
+CompletionQueue::~CompletionQueue() = default;
+
+Rail* CompletionQueue::credit_owner(const OpContext* op) const noexcept {
+  for (Rail* rail : rails_)
+    if (rail->owns_credit(op)) return rail;
+  return nullptr;
+}
+
+std::size_t CompletionQueue::progress() {
+  fi_cq_tagged_entry entries[kBatch];
+  const long count = fi_cq_read(cq_.get(), entries, kBatch);
+  if (count == -FI_EAGAIN) return 0;
+  if (count == -FI_EAVAIL) [[unlikely]] {
+    read_error_entry();
+    return 1;
+  }
+  if (count < 0) [[unlikely]] {
+    ++stats_.errors;
+    util::log().error("fi_cq_read on {} [{}]: {}", nic_->attributes().domain,
+                      nic_->attributes().provider, fi_error_text(count));
+    return 0;
+  }
+  stats_.completions += static_cast<std::uint64_t>(count);
+  for (long i = 0; i < count; ++i) {
+    const fi_cq_tagged_entry& entry = entries[i];
+    auto* op = static_cast<OpContext*>(entry.op_context);
+    const bool remote_data = (entry.flags & FI_REMOTE_CQ_DATA) != 0;
+    // A remote write is told by its flags: its op_context is not ours (NULL on most providers,
+    // garbage on shm 1.17), unless it consumed a receive posted for FI_RX_CQ_DATA.
+    if ((entry.flags & FI_REMOTE_WRITE) != 0 || op == nullptr) {
+      if (Rail* owner = rails_.empty() ? nullptr : credit_owner(op)) owner->repost_credit(op);
+      if (remote_data && remote_writes_ != nullptr) {
+        remote_writes_->on_remote_write(entry.data);
+      } else {
+        ++stats_.stray_remote_writes;
+        util::log().warn("CQ on {}: completion without a context (flags {:#x}) dropped",
+                         nic_->attributes().domain, entry.flags);
+      }
+      continue;
+    }
+    Completion completion{.status = Status::kOk,
+                          .has_data = remote_data,
+                          .tag = entry.tag,
+                          .data = entry.data,
+                          .length = entry.len};
+    op->handler->on_completion(*op, completion);
+  }
+  return static_cast<std::size_t>(count);
+}
+
+void CompletionQueue::read_error_entry() {
+  fi_cq_err_entry error{};
+  const long rc = fi_cq_readerr(cq_.get(), &error, 0);
+  if (rc < 0) {
+    if (rc != -FI_EAGAIN) util::log().error("fi_cq_readerr: {}", fi_error_text(rc));
+    return;
+  }
+  // Some providers (shm in 1.17) report err negated; the code is the same either way.
+  const int code = std::abs(error.err);
+  auto* op = static_cast<OpContext*>(error.op_context);
+  if (code == FI_ECANCELED) {
+    // Cancelling a posted receive is routine (every rendezvous message cancels its eager
+    // receive): no text to build.
+    if (op != nullptr && op->handler != nullptr && credit_owner(op) == nullptr) {
+      op->handler->on_completion(*op, Completion{.status = Status::kCancelled});
+    }
+    return;
+  }
+  ++stats_.errors;
+  char provider_text[256] = {};
+  const char* detail =
+      fi_cq_strerror(cq_.get(), error.prov_errno, error.err_data, provider_text,
+                     sizeof provider_text);
+  const std::string text = nic_->attributes().domain + " [" + nic_->attributes().provider +
+                           "]: " + fi_strerror(code) + " (" +
+                           std::string(detail != nullptr ? detail : "") + ")";
+  const Status status = code == FI_ETRUNC ? Status::kTruncated : Status::kError;
+  if (op == nullptr || op->handler == nullptr || credit_owner(op) != nullptr) {
+    util::log().error("error completion without a context: {}", text);
+    return;
+  }
+  if (status == Status::kError) util::log().debug("error completion: {}", text);
+  const Completion completion{.status = status,
+                              .has_data = (error.flags & FI_REMOTE_CQ_DATA) != 0,
+                              .tag = error.tag,
+                              .data = error.data,
+                              .length = error.len,
+                              .overflow = error.olen,
+                              .error_text = text};
+  op->handler->on_completion(*op, completion);
+}
+
+}  // namespace loom::ofi

@@ -1,0 +1,57 @@
+// A completion queue shared by the rails of a rail set on one NIC. Polling one CQ per NIC
+// instead of one per endpoint matters on providers whose fi_cq_read costs a system call
+// (tcp;ofi_rxm polls its sockets inside it): a lane's progress is one read, not R + C.
+// Completions route by context; remote writes, which carry no context of ours, go to the
+// queue's RemoteWriteHandler.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ofi/completion.hpp"
+#include "ofi/fid.hpp"
+
+namespace loom::ofi {
+
+class Nic;
+class Rail;
+
+struct CompletionStats {
+  std::uint64_t completions = 0;
+  std::uint64_t errors = 0;               // error entries
+  std::uint64_t stray_remote_writes = 0;  // remote CQ data with no handler to take it
+};
+
+class CompletionQueue {
+ public:
+  static constexpr std::size_t kBatch = 32;
+
+  // Throws loom::Error.
+  CompletionQueue(Nic& nic, std::size_t size);
+  ~CompletionQueue();
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+
+  [[nodiscard]] fid_cq* get() const noexcept { return cq_.get(); }
+  [[nodiscard]] const CompletionStats& stats() const noexcept { return stats_; }
+  void set_remote_write_handler(RemoteWriteHandler* handler) noexcept { remote_writes_ = handler; }
+  // Rails bound to this queue: their FI_RX_CQ_DATA receives are recognised and reposted.
+  void attach(Rail& rail) { rails_.push_back(&rail); }
+
+  // Reads up to kBatch completions and dispatches them; returns how many were handled.
+  std::size_t progress();
+
+ private:
+  void read_error_entry();
+  Rail* credit_owner(const OpContext* op) const noexcept;
+
+  Nic* nic_;
+  FidPtr<fid_cq> cq_;
+  std::vector<Rail*> rails_;
+  RemoteWriteHandler* remote_writes_ = nullptr;
+  CompletionStats stats_;
+};
+
+}  // namespace loom::ofi
