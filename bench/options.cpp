@@ -1,0 +1,145 @@
+#include "options.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <charconv>
+#include <cstdio>
+#include <stdexcept>
+
+#include "loom/config.hpp"
+
+namespace loom::bench {
+
+std::size_t parse_size(std::string_view text) {
+  std::uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end == text.data()) {
+    throw std::invalid_argument("bad size '" + std::string(text) + "'");
+  }
+  std::string_view suffix(end, static_cast<std::size_t>(text.data() + text.size() - end));
+  std::uint64_t scale = 1;
+  if (suffix == "k" || suffix == "K") scale = 1ull << 10;
+  else if (suffix == "m" || suffix == "M") scale = 1ull << 20;
+  else if (suffix == "g" || suffix == "G") scale = 1ull << 30;
+  else if (!suffix.empty()) throw std::invalid_argument("bad size suffix in '" + std::string(text) + "'");
+  if (value > (1ull << 40) / scale) throw std::invalid_argument("size too large: " + std::string(text));
+  return static_cast<std::size_t>(value * scale);
+}
+
+namespace {
+
+std::vector<std::string_view> split(std::string_view text) {
+  std::vector<std::string_view> parts;
+  while (true) {
+    auto cut = text.find_first_of(",:");
+    parts.push_back(text.substr(0, cut));
+    if (cut == std::string_view::npos) return parts;
+    text.remove_prefix(cut + 1);
+  }
+}
+
+}  // namespace
+
+std::vector<std::size_t> parse_sizes(std::string_view text) {
+  std::vector<std::size_t> sizes;
+  if (text == "all") {
+    sizes.push_back(0);
+    for (std::size_t s = 1; s <= (16u << 20); s *= 2) sizes.push_back(s);
+  } else if (text.starts_with("r:")) {
+    auto parts = split(text.substr(2));
+    if (parts.size() != 3) throw std::invalid_argument("-S r:start,inc,end needs three sizes");
+    const std::size_t start = parse_size(parts[0]);
+    const std::size_t step = parse_size(parts[1]);
+    const std::size_t end = parse_size(parts[2]);
+    if (step == 0 || end < start) throw std::invalid_argument("-S r: needs inc > 0 and end >= start");
+    for (std::size_t s = start; s <= end; s += step) sizes.push_back(s);
+  } else if (text.starts_with("l:")) {
+    for (auto part : split(text.substr(2))) sizes.push_back(parse_size(part));
+  } else {
+    sizes.push_back(parse_size(text));
+  }
+  if (sizes.empty()) throw std::invalid_argument("-S selects no size");
+  return sizes;
+}
+
+std::size_t default_iterations(std::size_t size) {
+  if (size < (64u << 10)) return 20000;
+  if (size < (1u << 20)) return 2000;
+  return 200;
+}
+
+ParseResult parse_options(int argc, char** argv, Options& o) {
+  CLI::App app{
+      "fi_p2p_bw: bandwidth, message rate and latency through loom.\n"
+      "Server: fi_p2p_bw [options]; client: fi_p2p_bw [options] SERVER; one host: --loopback."};
+  app.get_formatter()->column_width(34);
+  std::string sizes = "all";
+  std::string port;
+  bool print_config = false;
+  bool no_pingpong = false;
+  app.add_option("-p", o.provider, "libfabric provider (else LOOM_PROVIDER, FI_PROVIDER)");
+  app.add_option("-S", sizes, "sizes: N|all|r:start,inc,end|l:a,b,c (k/m/g suffixes)");
+  app.add_option("-I", o.iterations, "iterations per size (default: 20000/2000/200 by size)");
+  app.add_option("-w", o.warmup, "warmup iterations (default 10)");
+  app.add_option("-W", o.window, "window: messages in flight (default 64)")
+      ->check(CLI::Range(1, 128));
+  app.add_flag("-v", o.verify, "verify every byte received");
+  app.add_option("-E", port, "out-of-band bootstrap port (default 9228)")->expected(0, 1);
+  app.add_option("-s", o.source, "address the server's bootstrap socket binds (default any)");
+  app.add_option("server", o.server, "server address: run as the client");
+  app.add_option("--rails", o.rails, "data rails per lane (default LOOM_DATA_RAILS)")
+      ->check(CLI::Range(1, 16));
+  app.add_option("--ctrl-rails", o.ctrl_rails, "control rails per lane (default LOOM_CTRL_RAILS)")
+      ->check(CLI::Range(1, 4));
+  app.add_option("--comms", o.comms, "communicators between the pair (default 1)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--groups", o.groups, "lanes shared per peer and direction (0: one per comm)")
+      ->check(CLI::Range(0, 256));
+  app.add_flag("--bidir", o.bidir, "send both ways at once");
+  app.add_flag("--loopback", o.loopback, "run server and client on 127.0.0.1 in one command");
+  app.add_option("--json", o.json, "also write the figures and configuration as JSON");
+  app.add_option("--timeout", o.timeout_s, "seconds to wait for the peer (default 30)")
+      ->check(CLI::Range(1, 3600));
+  app.add_flag("--no-pingpong", no_pingpong, "skip the latency pass");
+  std::string pin;
+  app.add_option("--pin-core", pin,
+                 "cores to pin to, e.g. 0,1 (with --loopback: the server's, then the client's)");
+  app.add_flag("--print-config", print_config, "list every LOOM_* variable and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    app.exit(e);
+    return ParseResult::kExit;
+  } catch (const CLI::ParseError& e) {
+    throw std::invalid_argument(e.what());
+  }
+  if (print_config) {
+    std::printf("%-26s %-8s %s\n", "variable", "default", "meaning");
+    for (const auto& var : config_variables()) {
+      std::printf("%-26.*s %-8.*s %.*s\n", static_cast<int>(var.name.size()), var.name.data(),
+                  static_cast<int>(var.default_value.empty() ? 1 : var.default_value.size()),
+                  var.default_value.empty() ? "-" : var.default_value.data(),
+                  static_cast<int>(var.doc.size()), var.doc.data());
+    }
+    return ParseResult::kExit;
+  }
+  o.sizes = parse_sizes(sizes);
+  if (app.count("-E") != 0 && !port.empty()) {
+    const std::size_t value = parse_size(port);
+    if (value == 0 || value > 65535) throw std::invalid_argument("-E: port out of range");
+    o.port = static_cast<std::uint16_t>(value);
+  }
+  if (o.loopback && !o.server.empty()) {
+    throw std::invalid_argument("--loopback runs both sides: give no server address");
+  }
+  o.pingpong = !no_pingpong;
+  for (auto part : split(pin)) {
+    if (part.empty()) continue;
+    const std::size_t core = parse_size(part);
+    if (core > 4095) throw std::invalid_argument("--pin-core: core out of range");
+    o.pin_cores.push_back(static_cast<int>(core));
+  }
+  return ParseResult::kRun;
+}
+
+}  // namespace loom::bench

@@ -1,0 +1,48 @@
+// fi_p2p_bw's command line: fabtests' conventions (-p -S -I -w -W -v -E -s, server = no
+// positional argument, client = server address) plus loom's own options.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace loom::bench {
+
+struct Options {
+  std::string provider;            // -p (else LOOM_PROVIDER / FI_PROVIDER)
+  std::vector<std::size_t> sizes;  // -S
+  std::size_t iterations = 0;      // -I; 0 = by size, as fabtests
+  std::size_t warmup = 10;         // -w
+  std::size_t window = 64;         // -W
+  bool verify = false;             // -v
+  std::uint16_t port = 9228;       // -E[=port], out-of-band bootstrap port
+  std::string source;              // -s, address the server's bootstrap socket binds
+  std::string server;              // positional: run as client of this server
+  unsigned rails = 0;              // --rails (0: LOOM_DATA_RAILS)
+  unsigned ctrl_rails = 0;         // --ctrl-rails (0: LOOM_CTRL_RAILS)
+  unsigned comms = 1;              // --comms
+  int groups = -1;                 // --groups (-1: LOOM_NGROUPS)
+  bool bidir = false;              // --bidir
+  bool loopback = false;           // --loopback
+  std::string json;                // --json FILE
+  unsigned timeout_s = 30;         // --timeout: bootstrap and connect
+  bool pingpong = true;            // --no-pingpong disables the latency pass
+  std::vector<int> pin_cores;      // --pin-core LIST (with --loopback: server, then client)
+
+  [[nodiscard]] bool is_client() const { return !server.empty(); }
+};
+
+// Throws std::invalid_argument with a one-line reason.
+std::vector<std::size_t> parse_sizes(std::string_view text);
+std::size_t parse_size(std::string_view text);
+// fabtests' default iteration counts by message size.
+std::size_t default_iterations(std::size_t size);
+
+enum class ParseResult { kRun, kExit };
+// Fills `options`; on --help or --print-config prints and returns kExit; on a bad option
+// prints one line to stderr and throws std::invalid_argument.
+ParseResult parse_options(int argc, char** argv, Options& options);
+
+}  // namespace loom::bench

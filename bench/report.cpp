@@ -1,0 +1,174 @@
+#include "report.hpp"
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <stdexcept>
+
+extern char** environ;  // NOLINT: POSIX
+
+namespace loom::bench {
+namespace {
+
+// fabtests' size notation: 4k, 1m, 64.
+std::string size_text(double value) {
+  const char* suffix[] = {"", "k", "m", "g", "t"};
+  int i = 0;
+  while (value >= 1024 && i < 4 && static_cast<std::uint64_t>(value) % 1024 == 0) {
+    value /= 1024;
+    ++i;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f%s", value, suffix[i]);
+  return text;
+}
+
+std::string count_text(double value) {
+  const char* suffix[] = {"", "k", "m", "g", "t"};
+  int i = 0;
+  while (value >= 1000 && i < 4) {
+    value /= 1000;
+    ++i;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, value < 10 && i > 0 ? "%.1f%s" : "%.0f%s", value, suffix[i]);
+  return text;
+}
+
+std::string bytes_text(double bytes) {
+  char text[32];
+  if (bytes >= 1e9) std::snprintf(text, sizeof text, "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1e6) std::snprintf(text, sizeof text, "%.1f MB", bytes / 1e6);
+  else std::snprintf(text, sizeof text, "%.0f B", bytes);
+  return text;
+}
+
+}  // namespace
+
+Report::Report(const Options& options, const Context& context)
+    : options_(options), context_(context) {}
+
+void Report::header() const {
+  const Config& c = context_.config();
+  const auto nics = context_.nics();
+  std::printf("# fi_p2p_bw (loom) provider %s, %zu NIC(s):", nics.front().provider.c_str(),
+              nics.size());
+  for (const auto& nic : nics) {
+    std::printf(" %s/%s%s", nic.fabric.c_str(), nic.name.c_str(),
+                nic.endpoint_mr ? " [FI_MR_ENDPOINT]" : "");
+  }
+  std::printf("\n# data rails %u, control rails %u, comms %u, groups %u%s, eager limit %s, "
+              "min stripe %s, window %zu%s%s\n",
+              c.data_rails, c.ctrl_rails, options_.comms, c.ngroups,
+              c.ngroups == 0 ? " (no sharing)" : "", size_text(c.eager_max).c_str(),
+              size_text(c.min_stripe).c_str(), options_.window, options_.bidir ? ", bidir" : "",
+              options_.verify ? ", verified" : "");
+  std::printf("%-8s %-8s %-8s %-9s %-10s %-10s %-11s %-8s %-9s %-9s\n", "bytes", "iters", "total",
+              "time", "MB/sec", "usec/xfer", "Mxfers/sec", "GB/s", "p50(us)", "p99(us)");
+  std::fflush(stdout);
+}
+
+void Report::row(const Figures& f) {
+  rows_.push_back(f);
+  std::printf("%-8s %-8s %-8s %-9.2f %-10.2f %-10.2f %-11.3f %-8.3f %-9.2f %-9.2f\n",
+              size_text(static_cast<double>(f.size)).c_str(),
+              count_text(static_cast<double>(f.iterations)).c_str(),
+              size_text(static_cast<double>(f.bytes)).c_str(), f.seconds, f.mb_per_s(),
+              f.usec_per_xfer(), f.mxfers_per_s(), f.gb_per_s(), f.p50_us, f.p99_us);
+  std::fflush(stdout);
+}
+
+void Report::progress(std::size_t done, std::size_t total) const {
+  if (total < 2 || !isatty(STDERR_FILENO)) return;
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(kWidth * done / total);
+  std::fprintf(stderr, "\r[%.*s%*s] %zu/%zu sizes", filled, "##############################",
+               kWidth - filled, "", done, total);
+  if (done == total) std::fprintf(stderr, "\r%*s\r", kWidth + 24, "");
+  std::fflush(stderr);
+}
+
+void Report::footer(const SetupFigures& setup, const ContextStats& stats) const {
+  std::size_t registrations = 0, send_lanes = 0, recv_lanes = 0;
+  std::uint64_t hits = 0, misses = 0;
+  std::map<std::string, std::uint64_t> per_rail;  // "data 0 on lo" -> bytes
+  for (const auto& lane : stats.lanes) {
+    registrations += lane.registrations;
+    hits += lane.mr_cache_hits;
+    misses += lane.mr_cache_misses;
+    ++(lane.send ? send_lanes : recv_lanes);
+    std::size_t data = 0, control = 0;
+    for (const auto& rail : lane.rails) {
+      const std::string name = (rail.data ? "data " + std::to_string(data++)
+                                          : "control " + std::to_string(control++)) +
+                               " on " + rail.nic;
+      per_rail[name] += rail.bytes_sent + rail.bytes_written + rail.bytes_read;
+    }
+  }
+  std::printf("# setup: %.0f us per communicator (connect + accept, median of %u)\n",
+              setup.median_connect_us, options_.comms);
+  std::printf("# memory: %.0f KiB per communicator (RSS growth over the %zu this process holds)\n",
+              setup.memory_per_comm_kib, setup.comms_held);
+  std::printf("# lanes: %zu send, %zu receive; endpoints per NIC:", send_lanes, recv_lanes);
+  for (const auto& [nic, count] : stats.endpoints_per_nic) std::printf(" %s=%zu", nic.c_str(), count);
+  std::printf("\n# registrations: %zu (fid_mr) held, MR cache %llu hits / %llu misses\n",
+              registrations, static_cast<unsigned long long>(hits),
+              static_cast<unsigned long long>(misses));
+  std::printf("# bytes per rail (this side):");
+  for (const auto& [rail, bytes] : per_rail) {
+    std::printf(" %s %s;", rail.c_str(), bytes_text(static_cast<double>(bytes)).c_str());
+  }
+  std::printf("\n");
+}
+
+void Report::write_json(const SetupFigures& setup, const ContextStats& stats) const {
+  if (options_.json.empty()) return;
+  using nlohmann::json;
+  const Config& c = context_.config();
+  json nics = json::array();
+  for (const auto& nic : context_.nics()) {
+    nics.push_back({{"name", nic.name}, {"provider", nic.provider}, {"fabric", nic.fabric},
+                    {"address", nic.address}, {"endpoint_mr", nic.endpoint_mr}});
+  }
+  json env = json::object();
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string entry(*e);
+    if (entry.rfind("LOOM_", 0) == 0 || entry.rfind("FI_", 0) == 0) {
+      const auto eq = entry.find('=');
+      env[entry.substr(0, eq)] = entry.substr(eq + 1);
+    }
+  }
+  json records = json::array();
+  for (const Figures& f : rows_) {
+    records.push_back({{"bytes", f.size}, {"iterations", f.iterations},
+                       {"total_bytes", f.bytes}, {"seconds", f.seconds},
+                       {"mb_per_sec", f.mb_per_s()}, {"usec_per_xfer", f.usec_per_xfer()},
+                       {"mxfers_per_sec", f.mxfers_per_s()}, {"gb_per_sec", f.gb_per_s()},
+                       {"latency_p50_us", f.p50_us}, {"latency_p99_us", f.p99_us}});
+  }
+  std::uint64_t registrations = 0;
+  for (const auto& lane : stats.lanes) registrations += lane.registrations;
+  json document = {
+      {"tool", "fi_p2p_bw"},
+      {"config",
+       {{"provider", context_.nics().front().provider}, {"nics", nics},
+        {"data_rails", c.data_rails}, {"control_rails", c.ctrl_rails},
+        {"comms", options_.comms}, {"groups", c.ngroups}, {"eager_max", c.eager_max},
+        {"min_stripe", c.min_stripe}, {"window", options_.window}, {"bidir", options_.bidir},
+        {"verify", options_.verify}, {"environment", env}}},
+      {"setup",
+       {{"connect_accept_us_median", setup.median_connect_us},
+        {"memory_kib_per_comm", setup.memory_per_comm_kib},
+        {"registrations", registrations},
+        {"lanes", stats.lanes.size()}}},
+      {"results", records}};
+  std::ofstream out(options_.json);
+  if (!out) throw std::runtime_error("cannot write " + options_.json);
+  out << document.dump(2) << "\n";
+}
+
+}  // namespace loom::bench

@@ -1,0 +1,30 @@
+// What fi_p2p_bw prints: a header naming the setup, fabtests' columns plus GB/s and latency,
+// a footer with setup cost, memory, registrations and bytes per rail; and the same as JSON.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loom/p2p.hpp"
+#include "options.hpp"
+#include "session.hpp"
+
+namespace loom::bench {
+
+class Report {
+ public:
+  Report(const Options& options, const Context& context);
+
+  void header() const;
+  void row(const Figures& figures);
+  void progress(std::size_t done, std::size_t total) const;  // stderr, only on a terminal
+  void footer(const SetupFigures& setup, const ContextStats& stats) const;
+  void write_json(const SetupFigures& setup, const ContextStats& stats) const;
+
+ private:
+  const Options& options_;
+  const Context& context_;
+  std::vector<Figures> rows_;
+};
+
+}  // namespace loom::bench

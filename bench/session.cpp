@@ -1,0 +1,244 @@
+#include "session.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+#include <unistd.h>
+
+namespace loom::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+
+std::byte pattern(std::uint64_t message, std::size_t i) {
+  return static_cast<std::byte>(((message * 131 + i * 7 + (i >> 9)) & 0xff) | 1);
+}
+
+long rss_kib() {
+  std::ifstream statm("/proc/self/statm");
+  long pages_total = 0, pages_resident = 0;
+  statm >> pages_total >> pages_resident;
+  return pages_resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+Config make_config(const Options& options) {
+  Config config = Config::from_env();
+  if (!options.provider.empty()) config.provider = options.provider;
+  if (options.rails != 0) config.data_rails = options.rails;
+  if (options.ctrl_rails != 0) config.ctrl_rails = options.ctrl_rails;
+  if (options.groups >= 0) config.ngroups = static_cast<unsigned>(options.groups);
+  if (options.loopback) config.loopback_only = true;
+  config.connect_timeout_ms = options.timeout_s * 1000;
+  return config;
+}
+
+}  // namespace
+
+Session::Session(const Options& options, Oob& oob)
+    : options_(options), oob_(oob), context_(std::make_unique<Context>(make_config(options))) {}
+
+Session::~Session() = default;
+
+SetupFigures Session::connect_all() {
+  Listener listener = context_->listen();
+  oob_.send(listener.handle().view());
+  const Handle peer = Handle::from_bytes(oob_.receive());
+  const long rss_before = rss_kib();
+  std::vector<double> times;
+  const auto timeout = std::chrono::seconds(options_.timeout_s);
+  // One communicator each way at a time, so each setup is timed alone; both sides drive
+  // their connect and their accept in one loop, as any two ranks must.
+  for (unsigned i = 0; i < options_.comms; ++i) {
+    Connector connector = context_->connect(peer);
+    std::unique_ptr<SendComm> out;
+    std::unique_ptr<RecvComm> in;
+    const auto start = Clock::now();
+    double connect_us = 0;
+    while (!out || !in) {
+      if (!out && (out = connector.poll())) {
+        connect_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+      }
+      if (!in) in = listener.accept();
+      if (Clock::now() - start > timeout) throw std::runtime_error("connect: peer did not answer");
+    }
+    times.push_back(connect_us);
+    send_.push_back(std::move(out));
+    recv_.push_back(std::move(in));
+  }
+  oob_.sync();
+  SetupFigures figures;
+  std::sort(times.begin(), times.end());
+  figures.median_connect_us = times[times.size() / 2];
+  figures.comms_held = send_.size() + recv_.size();
+  figures.memory_per_comm_kib =
+      static_cast<double>(rss_kib() - rss_before) / static_cast<double>(figures.comms_held);
+  return figures;
+}
+
+void Session::prepare_buffers(std::size_t size) {
+  if (size == prepared_size_) return;
+  for (std::size_t i = 0; i < send_.size(); ++i) {
+    if (send_regions_.size() > i) send_[i]->deregister(send_regions_[i]);
+    if (recv_regions_.size() > i) recv_[i]->deregister(recv_regions_[i]);
+  }
+  send_regions_.clear();
+  recv_regions_.clear();
+  const std::size_t slot = std::max<std::size_t>(size, 1);
+  // As fabtests does, every message of a window uses one buffer on each side; verified runs
+  // need a buffer per message in flight.
+  slots_ = options_.verify ? options_.window : 1;
+  send_buffer_.assign(slots_ * slot, std::byte{0x5A});
+  recv_buffer_.assign(slots_ * slot, std::byte{0});
+  for (std::size_t i = 0; i < send_.size(); ++i) {
+    send_regions_.push_back(send_[i]->register_memory(send_buffer_.data(), send_buffer_.size()));
+    recv_regions_.push_back(recv_[i]->register_memory(recv_buffer_.data(), recv_buffer_.size()));
+  }
+  prepared_size_ = size;
+}
+
+void Session::wait_all(std::vector<Pending>& pending) {
+  std::size_t left = pending.size();
+  // A peer that stops answering becomes an error, not a hang.
+  const auto patience = std::chrono::seconds(options_.timeout_s);
+  auto deadline = Clock::now() + patience;
+  for (unsigned spins = 0; left > 0; ++spins) {
+    if ((spins & 255) == 255 && Clock::now() > deadline) {
+      throw std::runtime_error(std::to_string(left) + " message(s) made no progress for " +
+                               std::to_string(patience.count()) + " s");
+    }
+    for (Pending& p : pending) {
+      if (p.request == nullptr) continue;
+      bool done = false;
+      std::size_t delivered = 0;
+      const Status status = p.comm->test(p.request, done, {&delivered, 1});
+      if (status != Status::kOk) {
+        throw std::runtime_error("message " + std::to_string(p.index) + ": " +
+                                 std::string(to_string(status)) + ": " + p.comm->last_error());
+      }
+      if (!done) continue;
+      p.request = nullptr;
+      --left;
+      deadline = Clock::now() + patience;
+      if (options_.verify && p.data != nullptr) {
+        if (delivered != p.size) {
+          throw std::runtime_error("verify: message " + std::to_string(p.index) + " delivered " +
+                                   std::to_string(delivered) + " of " + std::to_string(p.size) +
+                                   " bytes");
+        }
+        for (std::size_t i = 0; i < p.size; ++i) {
+          if (p.data[i] != pattern(p.index, i)) {
+            throw std::runtime_error("verify: message " + std::to_string(p.index) + " byte " +
+                                     std::to_string(i) + " is wrong");
+          }
+        }
+      }
+    }
+  }
+  pending.clear();
+}
+
+void Session::post_sends(std::size_t first, std::size_t count, std::size_t size,
+                         std::vector<Pending>& pending) {
+  for (std::size_t k = first; k < first + count; ++k) {
+    const std::size_t comm = k % send_.size();
+    std::byte* data = send_buffer_.data() + (k % slots_) * std::max<std::size_t>(size, 1);
+    if (options_.verify) {
+      for (std::size_t i = 0; i < size; ++i) data[i] = pattern(k, i);
+    }
+    Request* request = nullptr;
+    const Status status =
+        send_[comm]->isend(data, size, static_cast<Tag>(k), send_regions_[comm], request);
+    if (status != Status::kOk) {
+      throw std::runtime_error("isend: " + send_[comm]->last_error());
+    }
+    pending.push_back({send_[comm].get(), request, k, nullptr, size});
+  }
+}
+
+void Session::post_receives(std::size_t first, std::size_t count, std::size_t size,
+                            std::vector<Pending>& pending) {
+  for (std::size_t k = first; k < first + count; ++k) {
+    const std::size_t comm = k % recv_.size();
+    std::byte* data = recv_buffer_.data() + (k % slots_) * std::max<std::size_t>(size, 1);
+    RecvBuffer buffer{data, size, static_cast<Tag>(k), recv_regions_[comm]};
+    Request* request = nullptr;
+    if (recv_[comm]->irecv({&buffer, 1}, request) != Status::kOk) {
+      throw std::runtime_error("irecv: " + recv_[comm]->last_error());
+    }
+    pending.push_back({recv_[comm].get(), request, k, data, size});
+  }
+}
+
+// Windows of messages, as fabtests' bandwidth tests run them: post a window, wait for all of
+// it. The client sends (and with --bidir both do); the server receives.
+void Session::bandwidth(std::size_t size, std::size_t count, bool timed, Figures& figures) {
+  const bool sends = options_.is_client() || options_.bidir;
+  const bool receives = !options_.is_client() || options_.bidir;
+  std::vector<Pending> pending;
+  pending.reserve(2 * options_.window);
+  oob_.sync();
+  const auto start = Clock::now();
+  for (std::size_t done = 0; done < count;) {
+    const std::size_t n = std::min(options_.window, count - done);
+    if (receives) post_receives(message_ + done, n, size, pending);
+    if (sends) post_sends(message_ + done, n, size, pending);
+    wait_all(pending);
+    done += n;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  message_ += count;
+  if (timed) {
+    figures.iterations = count;
+    figures.seconds = seconds;
+    figures.bytes = static_cast<std::uint64_t>(count) * size * (options_.bidir ? 2 : 1);
+  }
+}
+
+// One message there and back on the first pair of communicators; latency = round trip / 2.
+void Session::pingpong(std::size_t size, std::size_t count, Figures& figures) {
+  std::vector<double> one_way;
+  one_way.reserve(count);
+  std::vector<Pending> pending;
+  oob_.sync();
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::size_t index = message_ + k;
+    if (options_.is_client()) {
+      // The reply's buffer is posted first, so the reply never waits for it.
+      const auto start = Clock::now();
+      post_receives(index, 1, size, pending);
+      post_sends(index, 1, size, pending);
+      wait_all(pending);
+      one_way.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / 2);
+    } else {
+      post_receives(index, 1, size, pending);
+      wait_all(pending);
+      post_sends(index, 1, size, pending);
+      wait_all(pending);
+    }
+  }
+  message_ += count;
+  if (one_way.empty()) return;
+  std::sort(one_way.begin(), one_way.end());
+  figures.p50_us = one_way[one_way.size() / 2];
+  figures.p99_us = one_way[std::min(one_way.size() - 1, one_way.size() * 99 / 100)];
+}
+
+Figures Session::measure(std::size_t size) {
+  prepare_buffers(size);
+  Figures figures;
+  figures.size = size;
+  const std::size_t iterations = options_.iterations ? options_.iterations : default_iterations(size);
+  if (options_.warmup > 0) bandwidth(size, options_.warmup, false, figures);
+  bandwidth(size, iterations, true, figures);
+  if (options_.pingpong) {
+    const std::size_t rounds = std::clamp<std::size_t>(iterations / 10, 20, 1000);
+    pingpong(size, rounds, figures);
+  }
+  return figures;
+}
+
+}  // namespace loom::bench

@@ -1,0 +1,80 @@
+// One side of a fi_p2p_bw run: the context, N communicators each way, registered buffers, and
+// the measurement loops (windowed bandwidth as fabtests does it, then a ping-pong pass).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "loom/p2p.hpp"
+#include "oob.hpp"
+#include "options.hpp"
+
+namespace loom::bench {
+
+struct Figures {
+  std::size_t size = 0;
+  std::size_t iterations = 0;
+  std::uint64_t bytes = 0;  // both directions with --bidir
+  double seconds = 0;
+  double p50_us = 0;  // one-way latency from the ping-pong pass (0 when skipped)
+  double p99_us = 0;
+
+  [[nodiscard]] double mb_per_s() const { return seconds > 0 ? bytes / seconds / 1e6 : 0; }
+  [[nodiscard]] double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+  [[nodiscard]] double usec_per_xfer() const {
+    return iterations ? seconds * 1e6 / static_cast<double>(iterations) : 0;
+  }
+  [[nodiscard]] double mxfers_per_s() const {
+    return seconds > 0 ? static_cast<double>(iterations) / seconds / 1e6 : 0;
+  }
+};
+
+struct SetupFigures {
+  double median_connect_us = 0;  // connect + accept of one communicator
+  double memory_per_comm_kib = 0;  // RSS growth / communicators held
+  std::size_t comms_held = 0;
+};
+
+class Session {
+ public:
+  Session(const Options& options, Oob& oob);
+  ~Session();
+
+  SetupFigures connect_all();
+  Figures measure(std::size_t size);
+
+  [[nodiscard]] Context& context() { return *context_; }
+
+ private:
+  struct Pending {
+    Communicator* comm;
+    Request* request;
+    std::size_t index;  // message number, for verification
+    std::byte* data;
+    std::size_t size;
+  };
+
+  void prepare_buffers(std::size_t size);
+  void bandwidth(std::size_t size, std::size_t count, bool timed, Figures& figures);
+  void pingpong(std::size_t size, std::size_t count, Figures& figures);
+  void wait_all(std::vector<Pending>& pending);
+  void post_sends(std::size_t first, std::size_t count, std::size_t size,
+                  std::vector<Pending>& pending);
+  void post_receives(std::size_t first, std::size_t count, std::size_t size,
+                     std::vector<Pending>& pending);
+
+  const Options& options_;
+  Oob& oob_;
+  std::unique_ptr<Context> context_;
+  std::vector<std::unique_ptr<SendComm>> send_;
+  std::vector<std::unique_ptr<RecvComm>> recv_;
+  std::vector<std::byte> send_buffer_;
+  std::vector<std::byte> recv_buffer_;
+  std::vector<MemoryRegion> send_regions_;
+  std::vector<MemoryRegion> recv_regions_;
+  std::size_t slots_ = 0;
+  std::size_t prepared_size_ = static_cast<std::size_t>(-1);
+  std::uint64_t message_ = 0;  // running message number: patterns differ per message
+};
+
+}  // namespace loom::bench

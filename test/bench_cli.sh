@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# fi_p2p_bw refuses bad input with one line on stderr and a non-zero exit, without hanging.
+set -u
+bin=$1
+fails=0
+expect_refusal() {  # description, max seconds, args...  (ONE_LINE=0: multi-line allowed)
+  local what=$1 limit=$2; shift 2
+  local start=$SECONDS err code
+  err=$(timeout 60 "$bin" "$@" 2>&1 >/dev/null); code=$?
+  local lines; lines=$(printf '%s\n' "$err" | grep -c .)
+  if [ $code -eq 0 ] || [ $code -eq 124 ]; then
+    echo "FAIL $what: exit $code"; fails=$((fails + 1))
+  elif { [ "${ONE_LINE:-1}" = 1 ] && [ "$lines" -ne 1 ]; } || [[ "$err" != fi_p2p_bw:* ]]; then
+    echo "FAIL $what: expected one 'fi_p2p_bw:' line, got: $err"; fails=$((fails + 1))
+  elif [ $((SECONDS - start)) -gt "$limit" ]; then
+    echo "FAIL $what: took $((SECONDS - start)) s"; fails=$((fails + 1))
+  else
+    echo "ok   $what: $err"
+  fi
+}
+expect_refusal "unknown option" 5 --no-such-option
+expect_refusal "bad size" 5 -S 4q
+expect_refusal "bad size range" 5 -S r:1k,0,4k
+expect_refusal "window out of range" 5 -W 0
+expect_refusal "loopback with a server" 5 --loopback 127.0.0.1
+expect_refusal "unreachable server" 10 --timeout 2 -E 1 127.0.0.1
+# The provider error lists every provider and why it was refused: several lines, by design.
+ONE_LINE=0 expect_refusal "unknown provider" 10 --loopback -p no-such-provider -S 1k
+exit $fails
