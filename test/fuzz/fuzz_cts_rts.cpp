@@ -1,0 +1,92 @@
+// The per-communicator control bodies: clear-to-send (receiver to sender) and ready-to-send
+// (sender to receiver). Every input goes through both decoders.
+#include "fuzz.hpp"
+#include "mux/routing.hpp"
+
+namespace {
+
+using namespace loom::p2p;
+using loom::fuzz::ByteSource;
+
+bool same_entry(const CtsEntry& a, const CtsEntry& b, std::size_t rails) {
+  return a.seq == b.seq && a.size == b.size && a.tag == b.tag && a.address == b.address &&
+         std::equal(a.keys.begin(), a.keys.begin() + rails, b.keys.begin());
+}
+
+// Only the first `count` entries and `data_rails` keys are on the wire.
+bool same_cts(const ClearToSend& a, const ClearToSend& b) {
+  if (a.count != b.count || a.data_rails != b.data_rails) return false;
+  for (std::size_t i = 0; i < a.count; ++i) {
+    if (!same_entry(a.entries[i], b.entries[i], a.data_rails)) return false;
+  }
+  return true;
+}
+bool cts_fits(const ClearToSend& m) {
+  return m.data_rails >= 1 && m.data_rails <= kMaxDataRails && m.count >= 1 &&
+         m.count <= max_cts_entries(m.data_rails);
+}
+
+bool same_rts(const ReadyToSend& a, const ReadyToSend& b) {
+  if (a.count != b.count) return false;
+  for (std::size_t i = 0; i < a.count; ++i) {
+    const RtsEntry& x = a.entries[i];
+    const RtsEntry& y = b.entries[i];
+    if (x.seq != y.seq || x.size != y.size || x.tag != y.tag || x.stripes != y.stripes) {
+      return false;
+    }
+  }
+  return true;
+}
+bool rts_fits(const ReadyToSend& m) {
+  if (m.count < 1 || m.count > kMaxBatch) return false;
+  for (std::size_t i = 0; i < m.count; ++i) {
+    if (m.entries[i].stripes < 1 || m.entries[i].stripes > loom::mux::kMaxStripes) return false;
+  }
+  return true;
+}
+
+// 0 to kMaxBatch + 1 entries of 0 to kMaxDataRails + 1 keys; entries past the array stay empty.
+ClearToSend make_cts(ByteSource& s) {
+  ClearToSend m;
+  m.count = static_cast<std::uint8_t>(s.u8() % (kMaxBatch + 2));
+  m.data_rails = static_cast<std::uint8_t>(s.u8() % (kMaxDataRails + 2));
+  for (std::size_t i = 0; i < std::min<std::size_t>(m.count, kMaxBatch); ++i) {
+    CtsEntry& e = m.entries[i];
+    e.seq = s.take<std::uint32_t>();
+    e.size = s.take<std::uint64_t>();
+    e.tag = s.take<std::uint32_t>();
+    e.address = s.take<std::uint64_t>();
+    for (std::size_t k = 0; k < std::min<std::size_t>(m.data_rails, kMaxDataRails); ++k) {
+      e.keys[k] = s.take<std::uint64_t>();
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const auto in = loom::fuzz::as_bytes(data, size);
+  ByteSource source(in);
+  const ClearToSend cts = make_cts(source);
+  ReadyToSend rts;
+  rts.count = static_cast<std::uint8_t>(source.u8() % (kMaxBatch + 2));
+  for (std::size_t i = 0; i < std::min<std::size_t>(rts.count, kMaxBatch); ++i) {
+    rts.entries[i] = RtsEntry{.seq = source.take<std::uint32_t>(),
+                              .size = source.take<std::uint64_t>(),
+                              .tag = source.take<std::uint32_t>(),
+                              .stripes = source.u8()};
+  }
+
+  loom::fuzz::check_decode(in, cts, decode_cts, encode_cts, same_cts, cts_fits);
+  loom::fuzz::check_decode(in, rts, decode_rts, encode_rts, same_rts, rts_fits);
+
+  const std::size_t expected = cts_bytes(cts.count, cts.data_rails);
+  loom::fuzz::check_encode(cts, cts_fits(cts), expected, loom::fuzz::make_room(source, expected),
+                           decode_cts, encode_cts, same_cts);
+  const std::size_t rts_expected = rts_bytes(rts.count);
+  loom::fuzz::check_encode(rts, rts_fits(rts), rts_expected,
+                           loom::fuzz::make_room(source, rts_expected), decode_rts, encode_rts,
+                           same_rts);
+  return 0;
+}
