@@ -160,7 +160,8 @@ constexpr Row kTable[] = {
     "peer"},
    Number<&Config::connect_timeout_ms, 1, 3600000>::set,
    Number<&Config::connect_timeout_ms, 1, 3600000>::check},
-  {{"LOOM_PEER_TIMEOUT_MS", "10000", "pending requests fail when the peer is silent this long"},
+  {{"LOOM_PEER_TIMEOUT_MS", "10000", "wait() gives up (peer error) after this long without the "
+    "request completing"},
    Number<&Config::peer_timeout_ms, 1, 3600000>::set,
    Number<&Config::peer_timeout_ms, 1, 3600000>::check},
   {{"LOOM_FORCE_FLUSH", "0", "run iflush's read even for host memory (tests the GPU path)"},
