@@ -150,8 +150,13 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
                        {"mxfers_per_sec", f.mxfers_per_s()}, {"gb_per_sec", f.gb_per_s()},
                        {"latency_p50_us", f.p50_us}, {"latency_p99_us", f.p99_us}});
   }
-  std::uint64_t registrations = 0;
-  for (const auto& lane : stats.lanes) registrations += lane.registrations;
+  std::uint64_t registrations = 0, registered_bytes = 0, endpoints = 0, send_lanes = 0;
+  for (const auto& lane : stats.lanes) {
+    registrations += lane.registrations;
+    registered_bytes += lane.registered_bytes;
+    endpoints += lane.endpoints;
+    send_lanes += lane.send ? 1 : 0;
+  }
   json document = {
       {"tool", "fi_p2p_bw"},
       {"config",
@@ -163,8 +168,12 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
       {"setup",
        {{"connect_accept_us_median", setup.median_connect_us},
         {"memory_kib_per_comm", setup.memory_per_comm_kib},
+        {"comms_held", setup.comms_held},
         {"registrations", registrations},
-        {"lanes", stats.lanes.size()}}},
+        {"registered_bytes", registered_bytes},
+        {"lane_endpoints", endpoints},
+        {"send_lanes", send_lanes},
+        {"receive_lanes", stats.lanes.size() - send_lanes}}},
       {"results", records}};
   std::ofstream out(options_.json);
   if (!out) throw std::runtime_error("cannot write " + options_.json);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 
 #include <unistd.h>
@@ -50,24 +51,38 @@ SetupFigures Session::connect_all() {
   const long rss_before = rss_kib();
   std::vector<double> times;
   const auto timeout = std::chrono::seconds(options_.timeout_s);
-  // One communicator each way at a time, so each setup is timed alone; both sides drive
+  // The client sends on N communicators; the server answers on one (window acks, ping-pong),
+  // or on N with --bidir.
+  const unsigned reverse = options_.bidir ? options_.comms : 1;
+  // One communicator (each way) at a time, so each setup is timed alone; both sides drive
   // their connect and their accept in one loop, as any two ranks must.
   for (unsigned i = 0; i < options_.comms; ++i) {
-    Connector connector = context_->connect(peer);
+    const bool want_out = options_.is_client() || i < reverse;
+    const bool want_in = !options_.is_client() || i < reverse;
+    std::optional<Connector> connector;
+    if (want_out) connector.emplace(context_->connect(peer));
     std::unique_ptr<SendComm> out;
     std::unique_ptr<RecvComm> in;
     const auto start = Clock::now();
-    double connect_us = 0;
-    while (!out || !in) {
-      if (!out && (out = connector.poll())) {
-        connect_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    double setup_us = 0;
+    while ((want_out && !out) || (want_in && !in)) {
+      if (want_out && !out && (out = connector->poll())) {
+        setup_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
       }
-      if (!in) in = listener.accept();
+      if (want_in && !in && (in = listener.accept()) && !want_out) {
+        setup_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+      }
       if (Clock::now() - start > timeout) throw std::runtime_error("connect: peer did not answer");
     }
-    times.push_back(connect_us);
-    send_.push_back(std::move(out));
-    recv_.push_back(std::move(in));
+    times.push_back(setup_us);
+    if (out) send_.push_back(std::move(out));
+    if (in) recv_.push_back(std::move(in));
+  }
+  if (!send_.empty() && !options_.is_client()) {
+    ack_send_region_ = send_[0]->register_memory(ack_.data(), ack_.size());
+  }
+  if (!recv_.empty() && options_.is_client()) {
+    ack_recv_region_ = recv_[0]->register_memory(ack_.data(), ack_.size());
   }
   oob_.sync();
   SetupFigures figures;
@@ -81,10 +96,8 @@ SetupFigures Session::connect_all() {
 
 void Session::prepare_buffers(std::size_t size) {
   if (size == prepared_size_) return;
-  for (std::size_t i = 0; i < send_.size(); ++i) {
-    if (send_regions_.size() > i) send_[i]->deregister(send_regions_[i]);
-    if (recv_regions_.size() > i) recv_[i]->deregister(recv_regions_[i]);
-  }
+  for (std::size_t i = 0; i < send_regions_.size(); ++i) send_[i]->deregister(send_regions_[i]);
+  for (std::size_t i = 0; i < recv_regions_.size(); ++i) recv_[i]->deregister(recv_regions_[i]);
   send_regions_.clear();
   recv_regions_.clear();
   const std::size_t slot = std::max<std::size_t>(size, 1);
@@ -93,9 +106,11 @@ void Session::prepare_buffers(std::size_t size) {
   slots_ = options_.verify ? options_.window : 1;
   send_buffer_.assign(slots_ * slot, std::byte{0x5A});
   recv_buffer_.assign(slots_ * slot, std::byte{0});
-  for (std::size_t i = 0; i < send_.size(); ++i) {
-    send_regions_.push_back(send_[i]->register_memory(send_buffer_.data(), send_buffer_.size()));
-    recv_regions_.push_back(recv_[i]->register_memory(recv_buffer_.data(), recv_buffer_.size()));
+  for (auto& comm : send_) {
+    send_regions_.push_back(comm->register_memory(send_buffer_.data(), send_buffer_.size()));
+  }
+  for (auto& comm : recv_) {
+    recv_regions_.push_back(comm->register_memory(recv_buffer_.data(), recv_buffer_.size()));
   }
   prepared_size_ = size;
 }
@@ -173,20 +188,27 @@ void Session::post_receives(std::size_t first, std::size_t count, std::size_t si
   }
 }
 
-// Windows of messages, as fabtests' bandwidth tests run them: post a window, wait for all of
-// it. The client sends (and with --bidir both do); the server receives.
+// Windows of messages, as fabtests' bandwidth tests run them: the client posts a window of
+// sends and waits for them and for a 4-byte ack the server sends once the whole window has
+// arrived (so the next window never overruns receives not yet posted). With --bidir both
+// sides send and receive windows and no ack is needed.
 void Session::bandwidth(std::size_t size, std::size_t count, bool timed, Figures& figures) {
   const bool sends = options_.is_client() || options_.bidir;
   const bool receives = !options_.is_client() || options_.bidir;
   std::vector<Pending> pending;
-  pending.reserve(2 * options_.window);
+  pending.reserve(2 * options_.window + 1);
   oob_.sync();
   const auto start = Clock::now();
   for (std::size_t done = 0; done < count;) {
     const std::size_t n = std::min(options_.window, count - done);
+    if (!options_.bidir && options_.is_client()) post_ack(false, pending);
     if (receives) post_receives(message_ + done, n, size, pending);
     if (sends) post_sends(message_ + done, n, size, pending);
     wait_all(pending);
+    if (!options_.bidir && !options_.is_client()) {
+      post_ack(true, pending);
+      wait_all(pending);
+    }
     done += n;
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -196,6 +218,23 @@ void Session::bandwidth(std::size_t size, std::size_t count, bool timed, Figures
     figures.seconds = seconds;
     figures.bytes = static_cast<std::uint64_t>(count) * size * (options_.bidir ? 2 : 1);
   }
+}
+
+// The window ack: 4 bytes from the server to the client on the first reverse communicator,
+// tagged apart from the data messages.
+void Session::post_ack(bool send, std::vector<Pending>& pending) {
+  constexpr Tag kAckTag = 0xACCACC;
+  Request* request = nullptr;
+  Status status;
+  if (send) {
+    status = send_[0]->isend(ack_.data(), ack_.size(), kAckTag, ack_send_region_, request);
+    pending.push_back({send_[0].get(), request, 0, nullptr, ack_.size()});
+  } else {
+    RecvBuffer buffer{ack_.data(), ack_.size(), kAckTag, ack_recv_region_};
+    status = recv_[0]->irecv({&buffer, 1}, request);
+    pending.push_back({recv_[0].get(), request, 0, nullptr, ack_.size()});
+  }
+  if (status != Status::kOk) throw std::runtime_error("window ack: " + std::string(to_string(status)));
 }
 
 // One message there and back on the first pair of communicators; latency = round trip / 2.

@@ -2,6 +2,7 @@
 // the measurement loops (windowed bandwidth as fabtests does it, then a ping-pong pass).
 #pragma once
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -57,6 +58,7 @@ class Session {
   void prepare_buffers(std::size_t size);
   void bandwidth(std::size_t size, std::size_t count, bool timed, Figures& figures);
   void pingpong(std::size_t size, std::size_t count, Figures& figures);
+  void post_ack(bool send, std::vector<Pending>& pending);
   void wait_all(std::vector<Pending>& pending);
   void post_sends(std::size_t first, std::size_t count, std::size_t size,
                   std::vector<Pending>& pending);
@@ -72,6 +74,9 @@ class Session {
   std::vector<std::byte> recv_buffer_;
   std::vector<MemoryRegion> send_regions_;
   std::vector<MemoryRegion> recv_regions_;
+  std::array<std::byte, 4> ack_{};
+  MemoryRegion ack_send_region_;
+  MemoryRegion ack_recv_region_;
   std::size_t slots_ = 0;
   std::size_t prepared_size_ = static_cast<std::size_t>(-1);
   std::uint64_t message_ = 0;  // running message number: patterns differ per message

@@ -79,10 +79,6 @@ void Lane::detach(CommId id) noexcept {
 
 void Lane::retire(std::unique_ptr<CommPort> port) { retired_.push_back(std::move(port)); }
 
-void Lane::schedule_retry(CommId id) {
-  if (std::find(retries_.begin(), retries_.end(), id) == retries_.end()) retries_.push_back(id);
-}
-
 ofi::Address Lane::peer_address(std::size_t rail, std::span<const std::byte> name) {
   auto key = std::make_pair(rail, std::vector<std::byte>(name.begin(), name.end()));
   if (auto it = peers_.find(key); it != peers_.end()) return it->second;

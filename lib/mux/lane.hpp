@@ -77,8 +77,8 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   // Keeps a closed communicator whose operations may still complete: it is destroyed only after
   // the lane's endpoints are closed, so no completion can touch freed memory.
   void retire(std::unique_ptr<CommPort> port);
-  // Asks for port.on_retry() at the next progress.
-  void schedule_retry(CommId id);
+  // Asks for port.on_retry() at the next progress. The caller asks once until on_retry runs.
+  void schedule_retry(CommId id) { retries_.push_back(id); }
 
   // The peer's address on rail `rail`, inserted into that rail's AV once.
   ofi::Address peer_address(std::size_t rail, std::span<const std::byte> name);

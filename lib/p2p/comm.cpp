@@ -165,10 +165,11 @@ void Comm::queue_retry(Request& request) {
     request.queued = true;
     retry_.push_back(&request);
   }
-  lane_->schedule_retry(id_);
+  schedule_flush();
 }
 
 void Comm::on_retry() {
+  retry_scheduled_ = false;
   flush_control();
   retrying_.swap(retry_);
   for (Request* r : retrying_) {

@@ -83,8 +83,13 @@ class Comm : public mux::CommPort {
   virtual void advance(Request& request) = 0;
   // Sends the batched control entries; called at the lane's next progress (see on_retry).
   virtual void flush_control() = 0;
-  // Asks for flush_control() at the lane's next progress.
-  void schedule_flush() { lane_->schedule_retry(id_); }
+  // Asks for on_retry() (flush_control() and retries) at the lane's next progress.
+  void schedule_flush() {
+    if (!retry_scheduled_) {
+      retry_scheduled_ = true;
+      lane_->schedule_retry(id_);
+    }
+  }
   // Cancels posted receives of `request` (closing); the cancellations complete later.
   virtual void cancel(Request& request) = 0;
 
@@ -111,6 +116,7 @@ class Comm : public mux::CommPort {
   std::string last_error_;
   CommStats stats_;
   unsigned idle_polls_ = 0;
+  bool retry_scheduled_ = false;
 };
 
 }  // namespace loom::p2p

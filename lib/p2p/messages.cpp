@@ -1,5 +1,7 @@
 #include "p2p/messages.hpp"
 
+#include <cstring>
+
 #include "mux/control_channel.hpp"
 #include "util/wire.hpp"
 
@@ -205,27 +207,48 @@ std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
   return finish(w);
 }
 
+CtsReader::CtsReader(std::span<const std::byte> body) noexcept : body_(body) {
+  WireReader r(body);
+  count_ = r.u8();
+  rails_ = r.u8();
+  if (!r.ok()) {
+    error_ = "clear-to-send truncated";
+  } else if (rails_ == 0 || rails_ > kMaxDataRails) {
+    error_ = "clear-to-send: rail count out of range";
+  } else if (count_ == 0 || count_ > max_cts_entries(rails_)) {
+    error_ = "clear-to-send: entry count out of range";
+  } else if (body.size() != cts_bytes(count_, rails_)) {
+    error_ = "clear-to-send: wrong length";
+  }
+}
+
+CtsEntryView CtsReader::entry(std::size_t i) const noexcept {
+  const std::size_t stride = cts_bytes(1, rails_) - 2;
+  WireReader r(body_.subspan(2 + i * stride, stride));
+  CtsEntryView view;
+  view.seq = r.u32();
+  view.size = r.u64();
+  view.tag = r.u32();
+  view.address = r.u64();
+  view.keys = r.bytes(8 * rails_).data();
+  return view;
+}
+
 const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
-  WireReader r(in);
-  out.count = r.u8();
-  out.data_rails = r.u8();
-  if (!r.ok()) return "clear-to-send truncated";
-  if (out.data_rails == 0 || out.data_rails > kMaxDataRails) {
-    return "clear-to-send: rail count out of range";
-  }
-  if (out.count == 0 || out.count > max_cts_entries(out.data_rails)) {
-    return "clear-to-send: entry count out of range";
-  }
-  if (in.size() != cts_bytes(out.count, out.data_rails)) return "clear-to-send: wrong length";
-  for (std::size_t i = 0; i < out.count; ++i) {
+  const CtsReader reader(in);
+  if (reader.error() != nullptr) return reader.error();
+  out.count = static_cast<std::uint8_t>(reader.count());
+  out.data_rails = static_cast<std::uint8_t>(reader.data_rails());
+  for (std::size_t i = 0; i < reader.count(); ++i) {
+    const CtsEntryView view = reader.entry(i);
     CtsEntry& e = out.entries[i];
-    e.seq = r.u32();
-    e.size = r.u64();
-    e.tag = r.u32();
-    e.address = r.u64();
-    for (std::size_t k = 0; k < out.data_rails; ++k) e.keys[k] = r.u64();
+    e.seq = view.seq;
+    e.size = view.size;
+    e.tag = view.tag;
+    e.address = view.address;
+    std::memcpy(e.keys.data(), view.keys, 8 * reader.data_rails());
   }
-  return r.done() ? nullptr : "clear-to-send: wrong length";
+  return nullptr;
 }
 
 std::size_t encode_rts(const ReadyToSend& m, std::span<std::byte> out) {

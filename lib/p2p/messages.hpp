@@ -123,6 +123,32 @@ inline constexpr std::size_t max_cts_entries(std::size_t rails) {
 std::size_t encode_cts(const ClearToSend& message, std::span<std::byte> out);
 const char* decode_cts(std::span<const std::byte> in, ClearToSend& out);
 
+// The data path reads a clear-to-send entry by entry, straight from the received bytes,
+// instead of filling a ClearToSend (a batch holds 64 entries of 16 keys).
+struct CtsEntryView {
+  std::uint32_t seq = 0;
+  std::uint64_t size = 0;
+  std::uint32_t tag = 0;
+  std::uint64_t address = 0;
+  const std::byte* keys = nullptr;  // data_rails() little-endian u64 values
+};
+class CtsReader {
+ public:
+  // Checks the counts and the total length; error() says what was wrong.
+  explicit CtsReader(std::span<const std::byte> body) noexcept;
+  [[nodiscard]] const char* error() const noexcept { return error_; }
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  [[nodiscard]] std::size_t data_rails() const noexcept { return rails_; }
+  // Entry i (i < count(); only valid when error() is null).
+  [[nodiscard]] CtsEntryView entry(std::size_t i) const noexcept;
+
+ private:
+  std::span<const std::byte> body_;
+  std::size_t count_ = 0;
+  std::size_t rails_ = 0;
+  const char* error_ = nullptr;
+};
+
 struct RtsEntry {
   std::uint32_t seq = 0;
   std::uint64_t size = 0;

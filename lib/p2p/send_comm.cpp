@@ -7,6 +7,7 @@
 #include "p2p/send_comm.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "ofi/memory_registration.hpp"
 #include "p2p/context_core.hpp"
@@ -219,19 +220,19 @@ void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
     fail_all(Status::kPeerError, "the peer closed the communicator");
     return;
   }
-  ClearToSend cts;
-  const char* why = type == MessageType::kClearToSend ? decode_cts(body, cts)
-                                                      : "unexpected message type for a sender";
-  if (why == nullptr && cts.data_rails < data_rails_) why = "clear-to-send names too few rails";
+  const CtsReader cts(type == MessageType::kClearToSend ? body : std::span<const std::byte>{});
+  const char* why = type != MessageType::kClearToSend ? "unexpected message type for a sender"
+                                                      : cts.error();
+  if (why == nullptr && cts.data_rails() < data_rails_) why = "clear-to-send names too few rails";
   if (why != nullptr) [[unlikely]] {
     util::log().warn("comm {} on lane {}: control message dropped: {}", id_, lane_->id(), why);
     return;
   }
-  for (std::size_t i = 0; i < cts.count; ++i) {
-    const CtsEntry& entry = cts.entries[i];
+  for (std::size_t i = 0; i < cts.count(); ++i) {
+    const CtsEntryView entry = cts.entry(i);
     const std::size_t slot = entry.seq % kSeqWindow;
     clearances_[slot] = Clearance{true, entry.seq, entry.size, entry.tag, entry.address};
-    std::copy_n(entry.keys.begin(), data_rails_, &keys_[slot * kMaxDataRails]);
+    std::memcpy(&keys_[slot * kMaxDataRails], entry.keys, 8 * data_rails_);
     Request* r = waiting_[slot];
     if (r != nullptr && r->in_use && r->kind == RequestKind::kSend && r->parts[0].seq == entry.seq &&
         !r->cts_matched) {
