@@ -18,7 +18,7 @@ struct Config {
   bool loopback_only = false;      // LOOM_LOOPBACK_ONLY
   unsigned data_rails = 1;         // LOOM_DATA_RAILS
   unsigned ctrl_rails = 1;         // LOOM_CTRL_RAILS
-  unsigned ngroups = 4;            // LOOM_NGROUPS
+  unsigned ngroups = 1;            // LOOM_NGROUPS
   unsigned qp_depth_multiplier = 1;  // LOOM_QP_DEPTH_MULTIPLIER
   std::size_t eager_max = 16384;   // LOOM_EAGER_MAX
   std::size_t min_stripe = 262144;  // LOOM_MIN_STRIPE

@@ -232,7 +232,9 @@ void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
     const CtsEntryView entry = cts.entry(i);
     const std::size_t slot = entry.seq % kSeqWindow;
     clearances_[slot] = Clearance{true, entry.seq, entry.size, entry.tag, entry.address};
-    std::memcpy(&keys_[slot * kMaxDataRails], entry.keys, 8 * data_rails_);
+    // All the keys the message carries: it can arrive before our own handshake finished
+    // (data_rails_ still 0) when the receiver posts right after accepting.
+    std::memcpy(&keys_[slot * kMaxDataRails], entry.keys, 8 * cts.data_rails());
     Request* r = waiting_[slot];
     if (r != nullptr && r->in_use && r->kind == RequestKind::kSend && r->parts[0].seq == entry.seq &&
         !r->cts_matched) {

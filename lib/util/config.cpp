@@ -137,7 +137,7 @@ constexpr Row kTable[] = {
   {{"LOOM_CTRL_RAILS", "1", "control rails (endpoints carrying handshakes and clear-to-send) per "
     "lane"},
    Number<&Config::ctrl_rails, 1, 4>::set, Number<&Config::ctrl_rails, 1, 4>::check},
-  {{"LOOM_NGROUPS", "4", "lanes (endpoint groups) shared by the communicators to one peer in one "
+  {{"LOOM_NGROUPS", "1", "lanes (endpoint groups) shared by the communicators to one peer in one "
     "direction; 0 = one lane per communicator"},
    Number<&Config::ngroups, 0, 256>::set, Number<&Config::ngroups, 0, 256>::check},
   {{"LOOM_QP_DEPTH_MULTIPLIER", "1", "scales queue depths of shared lanes; clamped to the "

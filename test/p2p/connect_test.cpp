@@ -121,6 +121,66 @@ TEST_CASE("p2p 32 communicators between one pair set up at once", "[pair]") {
   REQUIRE(failure.empty());
 }
 
+// With a shared lane, a receiver that posts right after accepting can get its clear-to-send
+// processed by the sender (while it tests another communicator of the lane) before the
+// sender has seen the accept. The keys in it must not be lost.
+TEST_CASE("p2p clear-to-send that arrives before the sender's handshake completes", "[pair]") {
+  constexpr std::size_t kLarge = 1 << 20;
+  auto receiver = [&](Channel& channel) {
+    Context context(test_config(1));  // default grouping: one shared lane
+    Listener listener = context.listen();
+    send_handle(channel, listener.handle());
+    auto first = accept_one(listener);
+    auto second = accept_one(listener);
+    std::vector<std::byte> large(kLarge), small(64);
+    MemoryRegion large_region = second->register_memory(large.data(), large.size());
+    MemoryRegion small_region = first->register_memory(small.data(), small.size());
+    RecvBuffer b{large.data(), large.size(), 2, large_region};
+    Request* on_second = nullptr;
+    require(second->irecv({&b, 1}, on_second) == Status::kOk, second->last_error());
+    RecvBuffer s{small.data(), small.size(), 1, small_region};
+    Request* on_first = nullptr;
+    require(first->irecv({&s, 1}, on_first) == Status::kOk, first->last_error());
+    require(finish(*second, on_second) == kLarge, "size");
+    auto error = check_pattern(large, 909);
+    require(error.empty(), error);
+    finish(*first, on_first);
+    channel.barrier();
+  };
+  auto sender = [&](Channel& channel) {
+    Context context(test_config(1));
+    const Handle handle = recv_handle(channel);
+    auto first = connect_one(context, handle);
+    std::vector<std::byte> small(64), large(kLarge);
+    fill_pattern(small, 1);
+    fill_pattern(large, 909);
+    MemoryRegion small_region = first->register_memory(small.data(), small.size());
+    Request* pending = nullptr;
+    require(first->isend(small.data(), small.size(), 1, small_region, pending) == Status::kOk,
+            first->last_error());
+    Connector connector = context.connect(handle);
+    std::unique_ptr<SendComm> second = connector.poll();  // sends the connect
+    // Drive the shared lane through the first communicator while the second's accept and the
+    // receiver's clear-to-send are on their way.
+    bool done = false;
+    const auto until = std::chrono::steady_clock::now() + 300ms;
+    while (std::chrono::steady_clock::now() < until) {
+      if (!done) require(first->test(pending, done) == Status::kOk, first->last_error());
+    }
+    poll_until([&] { return second != nullptr; }, [&] { second = connector.poll(); }, "connect");
+    MemoryRegion large_region = second->register_memory(large.data(), large.size());
+    Request* request = nullptr;
+    require(second->isend(large.data(), kLarge, 2, large_region, request) == Status::kOk,
+            second->last_error());
+    finish(*second, request);
+    if (!done) finish(*first, pending);
+    channel.barrier();
+  };
+  auto failure = run_pair(receiver, sender);
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
 TEST_CASE("p2p bad handles are refused with a clear error", "[local]") {
   Context context(test_config(1));
   Listener listener = context.listen();
