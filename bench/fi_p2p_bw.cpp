@@ -1,15 +1,15 @@
 // fi_p2p_bw: what a fabric gives through loom, with fabtests' options and columns.
 //   server: fi_p2p_bw [options]        client: fi_p2p_bw [options] SERVER
 //   one host: fi_p2p_bw --loopback [options]
-#include <sched.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <vector>
+
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "loom/p2p.hpp"
 #include "oob.hpp"

@@ -1,15 +1,15 @@
 #include "oob.hpp"
 
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <thread>
 
 namespace loom::bench {
 namespace {
@@ -144,7 +144,8 @@ std::vector<std::byte> Oob::receive() {
 
 void Oob::sync() {
   send_value<std::uint32_t>(0x5359434E);
-  if (receive_value<std::uint32_t>() != 0x5359434E) throw std::runtime_error("bootstrap: out of step");
+  if (receive_value<std::uint32_t>() != 0x5359434E)
+    throw std::runtime_error("bootstrap: out of step");
 }
 
 }  // namespace loom::bench

@@ -3,11 +3,11 @@
 #pragma once
 
 #include <chrono>
-#include <cstring>
-#include <stdexcept>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 

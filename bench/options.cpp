@@ -1,10 +1,10 @@
 #include "options.hpp"
 
-#include <CLI/CLI.hpp>
-
 #include <charconv>
 #include <cstdio>
 #include <stdexcept>
+
+#include <CLI/CLI.hpp>
 
 #include "loom/config.hpp"
 
@@ -18,11 +18,16 @@ std::size_t parse_size(std::string_view text) {
   }
   std::string_view suffix(end, static_cast<std::size_t>(text.data() + text.size() - end));
   std::uint64_t scale = 1;
-  if (suffix == "k" || suffix == "K") scale = 1ull << 10;
-  else if (suffix == "m" || suffix == "M") scale = 1ull << 20;
-  else if (suffix == "g" || suffix == "G") scale = 1ull << 30;
-  else if (!suffix.empty()) throw std::invalid_argument("bad size suffix in '" + std::string(text) + "'");
-  if (value > (1ull << 40) / scale) throw std::invalid_argument("size too large: " + std::string(text));
+  if (suffix == "k" || suffix == "K")
+    scale = 1ull << 10;
+  else if (suffix == "m" || suffix == "M")
+    scale = 1ull << 20;
+  else if (suffix == "g" || suffix == "G")
+    scale = 1ull << 30;
+  else if (!suffix.empty())
+    throw std::invalid_argument("bad size suffix in '" + std::string(text) + "'");
+  if (value > (1ull << 40) / scale)
+    throw std::invalid_argument("size too large: " + std::string(text));
   return static_cast<std::size_t>(value * scale);
 }
 
@@ -51,7 +56,8 @@ std::vector<std::size_t> parse_sizes(std::string_view text) {
     const std::size_t start = parse_size(parts[0]);
     const std::size_t step = parse_size(parts[1]);
     const std::size_t end = parse_size(parts[2]);
-    if (step == 0 || end < start) throw std::invalid_argument("-S r: needs inc > 0 and end >= start");
+    if (step == 0 || end < start)
+      throw std::invalid_argument("-S r: needs inc > 0 and end >= start");
     for (std::size_t s = start; s <= end; s += step) sizes.push_back(s);
   } else if (text.starts_with("l:")) {
     for (auto part : split(text.substr(2))) sizes.push_back(parse_size(part));

@@ -1,13 +1,13 @@
 #include "report.hpp"
 
-#include <nlohmann/json.hpp>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <stdexcept>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 extern char** environ;  // NOLINT: POSIX
 
@@ -41,9 +41,12 @@ std::string count_text(double value) {
 
 std::string bytes_text(double bytes) {
   char text[32];
-  if (bytes >= 1e9) std::snprintf(text, sizeof text, "%.2f GB", bytes / 1e9);
-  else if (bytes >= 1e6) std::snprintf(text, sizeof text, "%.1f MB", bytes / 1e6);
-  else std::snprintf(text, sizeof text, "%.0f B", bytes);
+  if (bytes >= 1e9)
+    std::snprintf(text, sizeof text, "%.2f GB", bytes / 1e9);
+  else if (bytes >= 1e6)
+    std::snprintf(text, sizeof text, "%.1f MB", bytes / 1e6);
+  else
+    std::snprintf(text, sizeof text, "%.0f B", bytes);
   return text;
 }
 
@@ -61,12 +64,12 @@ void Report::header() const {
     std::printf(" %s/%s%s", nic.fabric.c_str(), nic.name.c_str(),
                 nic.endpoint_mr ? " [FI_MR_ENDPOINT]" : "");
   }
-  std::printf("\n# data rails %u, control rails %u, comms %u, groups %u%s, eager limit %s, "
-              "min stripe %s, window %zu%s%s\n",
-              c.data_rails, c.ctrl_rails, options_.comms, c.ngroups,
-              c.ngroups == 0 ? " (no sharing)" : "", size_text(c.eager_max).c_str(),
-              size_text(c.min_stripe).c_str(), options_.window, options_.bidir ? ", bidir" : "",
-              options_.verify ? ", verified" : "");
+  std::printf(
+      "\n# data rails %u, control rails %u, comms %u, groups %u%s, eager limit %s, "
+      "min stripe %s, window %zu%s%s\n",
+      c.data_rails, c.ctrl_rails, options_.comms, c.ngroups, c.ngroups == 0 ? " (no sharing)" : "",
+      size_text(c.eager_max).c_str(), size_text(c.min_stripe).c_str(), options_.window,
+      options_.bidir ? ", bidir" : "", options_.verify ? ", verified" : "");
   std::printf("%-8s %-8s %-8s %-9s %-10s %-10s %-11s %-8s %-9s %-9s\n", "bytes", "iters", "total",
               "time", "MB/sec", "usec/xfer", "Mxfers/sec", "GB/s", "p50(us)", "p99(us)");
   std::fflush(stdout);
@@ -103,9 +106,9 @@ void Report::footer(const SetupFigures& setup, const ContextStats& stats) const 
     ++(lane.send ? send_lanes : recv_lanes);
     std::size_t data = 0, control = 0;
     for (const auto& rail : lane.rails) {
-      const std::string name = (rail.data ? "data " + std::to_string(data++)
-                                          : "control " + std::to_string(control++)) +
-                               " on " + rail.nic;
+      const std::string name =
+          (rail.data ? "data " + std::to_string(data++) : "control " + std::to_string(control++)) +
+          " on " + rail.nic;
       per_rail[name] += rail.bytes_sent + rail.bytes_written + rail.bytes_read;
     }
   }
@@ -114,7 +117,8 @@ void Report::footer(const SetupFigures& setup, const ContextStats& stats) const 
   std::printf("# memory: %.0f KiB per communicator (RSS growth over the %zu this process holds)\n",
               setup.memory_per_comm_kib, setup.comms_held);
   std::printf("# lanes: %zu send, %zu receive; endpoints per NIC:", send_lanes, recv_lanes);
-  for (const auto& [nic, count] : stats.endpoints_per_nic) std::printf(" %s=%zu", nic.c_str(), count);
+  for (const auto& [nic, count] : stats.endpoints_per_nic)
+    std::printf(" %s=%zu", nic.c_str(), count);
   std::printf("\n# registrations: %zu (fid_mr) held, MR cache %llu hits / %llu misses\n",
               registrations, static_cast<unsigned long long>(hits),
               static_cast<unsigned long long>(misses));
@@ -131,8 +135,11 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
   const Config& c = context_.config();
   json nics = json::array();
   for (const auto& nic : context_.nics()) {
-    nics.push_back({{"name", nic.name}, {"provider", nic.provider}, {"fabric", nic.fabric},
-                    {"address", nic.address}, {"endpoint_mr", nic.endpoint_mr}});
+    nics.push_back({{"name", nic.name},
+                    {"provider", nic.provider},
+                    {"fabric", nic.fabric},
+                    {"address", nic.address},
+                    {"endpoint_mr", nic.endpoint_mr}});
   }
   json env = json::object();
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
@@ -144,11 +151,16 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
   }
   json records = json::array();
   for (const Figures& f : rows_) {
-    records.push_back({{"bytes", f.size}, {"iterations", f.iterations},
-                       {"total_bytes", f.bytes}, {"seconds", f.seconds},
-                       {"mb_per_sec", f.mb_per_s()}, {"usec_per_xfer", f.usec_per_xfer()},
-                       {"mxfers_per_sec", f.mxfers_per_s()}, {"gb_per_sec", f.gb_per_s()},
-                       {"latency_p50_us", f.p50_us}, {"latency_p99_us", f.p99_us}});
+    records.push_back({{"bytes", f.size},
+                       {"iterations", f.iterations},
+                       {"total_bytes", f.bytes},
+                       {"seconds", f.seconds},
+                       {"mb_per_sec", f.mb_per_s()},
+                       {"usec_per_xfer", f.usec_per_xfer()},
+                       {"mxfers_per_sec", f.mxfers_per_s()},
+                       {"gb_per_sec", f.gb_per_s()},
+                       {"latency_p50_us", f.p50_us},
+                       {"latency_p99_us", f.p99_us}});
   }
   std::uint64_t registrations = 0, registered_bytes = 0, endpoints = 0, send_lanes = 0;
   for (const auto& lane : stats.lanes) {
@@ -157,24 +169,30 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
     endpoints += lane.endpoints;
     send_lanes += lane.send ? 1 : 0;
   }
-  json document = {
-      {"tool", "fi_p2p_bw"},
-      {"config",
-       {{"provider", context_.nics().front().provider}, {"nics", nics},
-        {"data_rails", c.data_rails}, {"control_rails", c.ctrl_rails},
-        {"comms", options_.comms}, {"groups", c.ngroups}, {"eager_max", c.eager_max},
-        {"min_stripe", c.min_stripe}, {"window", options_.window}, {"bidir", options_.bidir},
-        {"verify", options_.verify}, {"environment", env}}},
-      {"setup",
-       {{"connect_accept_us_median", setup.median_connect_us},
-        {"memory_kib_per_comm", setup.memory_per_comm_kib},
-        {"comms_held", setup.comms_held},
-        {"registrations", registrations},
-        {"registered_bytes", registered_bytes},
-        {"lane_endpoints", endpoints},
-        {"send_lanes", send_lanes},
-        {"receive_lanes", stats.lanes.size() - send_lanes}}},
-      {"results", records}};
+  json document = {{"tool", "fi_p2p_bw"},
+                   {"config",
+                    {{"provider", context_.nics().front().provider},
+                     {"nics", nics},
+                     {"data_rails", c.data_rails},
+                     {"control_rails", c.ctrl_rails},
+                     {"comms", options_.comms},
+                     {"groups", c.ngroups},
+                     {"eager_max", c.eager_max},
+                     {"min_stripe", c.min_stripe},
+                     {"window", options_.window},
+                     {"bidir", options_.bidir},
+                     {"verify", options_.verify},
+                     {"environment", env}}},
+                   {"setup",
+                    {{"connect_accept_us_median", setup.median_connect_us},
+                     {"memory_kib_per_comm", setup.memory_per_comm_kib},
+                     {"comms_held", setup.comms_held},
+                     {"registrations", registrations},
+                     {"registered_bytes", registered_bytes},
+                     {"lane_endpoints", endpoints},
+                     {"send_lanes", send_lanes},
+                     {"receive_lanes", stats.lanes.size() - send_lanes}}},
+                   {"results", records}};
   std::ofstream out(options_.json);
   if (!out) throw std::runtime_error("cannot write " + options_.json);
   out << document.dump(2) << "\n";

@@ -14,7 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 std::byte pattern(std::uint64_t message, std::size_t i) {
   return static_cast<std::byte>(((message * 131 + i * 7 + (i >> 9)) & 0xff) | 1);
 }
@@ -234,7 +233,8 @@ void Session::post_ack(bool send, std::vector<Pending>& pending) {
     status = recv_[0]->irecv({&buffer, 1}, request);
     pending.push_back({recv_[0].get(), request, 0, nullptr, ack_.size()});
   }
-  if (status != Status::kOk) throw std::runtime_error("window ack: " + std::string(to_string(status)));
+  if (status != Status::kOk)
+    throw std::runtime_error("window ack: " + std::string(to_string(status)));
 }
 
 // One message there and back on the first pair of communicators; latency = round trip / 2.
@@ -251,7 +251,8 @@ void Session::pingpong(std::size_t size, std::size_t count, Figures& figures) {
       post_receives(index, 1, size, pending);
       post_sends(index, 1, size, pending);
       wait_all(pending);
-      one_way.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / 2);
+      one_way.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() /
+                        2);
     } else {
       post_receives(index, 1, size, pending);
       wait_all(pending);
@@ -270,7 +271,8 @@ Figures Session::measure(std::size_t size) {
   prepare_buffers(size);
   Figures figures;
   figures.size = size;
-  const std::size_t iterations = options_.iterations ? options_.iterations : default_iterations(size);
+  const std::size_t iterations =
+      options_.iterations ? options_.iterations : default_iterations(size);
   if (options_.warmup > 0) bandwidth(size, options_.warmup, false, figures);
   bandwidth(size, iterations, true, figures);
   if (options_.pingpong) {

@@ -31,7 +31,7 @@ struct Figures {
 };
 
 struct SetupFigures {
-  double median_connect_us = 0;  // connect + accept of one communicator
+  double median_connect_us = 0;    // connect + accept of one communicator
   double memory_per_comm_kib = 0;  // RSS growth / communicators held
   std::size_t comms_held = 0;
 };

@@ -28,7 +28,9 @@ const Profile& profile_for(std::string_view prov_name) noexcept {
   return kGenericProfile;
 }
 
-std::span<const Profile* const> all_profiles() noexcept { return kProfiles; }
+std::span<const Profile* const> all_profiles() noexcept {
+  return kProfiles;
+}
 
 void apply_env_defaults(std::string_view requested) noexcept {
   for (const Profile* profile : kProfiles) {

@@ -5,9 +5,9 @@
 #include "providers/profile.hpp"
 
 #if LOOM_HAVE_IBVERBS
-#include <infiniband/verbs.h>
-
 #include <string>
+
+#include <infiniband/verbs.h>
 #endif
 
 namespace loom::providers {
@@ -44,12 +44,12 @@ std::optional<DeviceLimits> verbs_device_limits(std::string_view domain_name) {
 
 }  // namespace
 
-const Profile kVerbsProfile{
-    .family = "verbs",
-    .summary = "verbs;ofi_rxm: shared receive queue on; device limits from rdma-core",
-    .env_defaults = kVerbsEnv,
+const Profile kVerbsProfile {
+  .family = "verbs",
+  .summary = "verbs;ofi_rxm: shared receive queue on; device limits from rdma-core",
+  .env_defaults = kVerbsEnv,
 #if LOOM_HAVE_IBVERBS
-    .device_limits = verbs_device_limits,
+  .device_limits = verbs_device_limits,
 #endif
 };
 

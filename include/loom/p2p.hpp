@@ -116,8 +116,7 @@ class SendComm final : public Communicator {
   explicit SendComm(std::unique_ptr<p2p::Comm> comm);
   // kOk: `request` is set. kRetry: too many requests in flight, test some and try again.
   // kInvalid: bad region/buffer or closed communicator (last_error() says which).
-  Status isend(const void* data, std::size_t size, Tag tag, MemoryRegion region,
-               Request*& request);
+  Status isend(const void* data, std::size_t size, Tag tag, MemoryRegion region, Request*& request);
 };
 
 class RecvComm final : public Communicator {
@@ -182,7 +181,7 @@ struct NicDescription {
 
 struct RailDescription {
   std::string nic;
-  bool data = false;  // data rail, else control rail
+  bool data = false;                // data rail, else control rail
   std::uint64_t bytes_sent = 0;     // tagged and untagged sends
   std::uint64_t bytes_written = 0;  // RMA writes
   std::uint64_t bytes_read = 0;     // RMA reads (flushes)

@@ -42,8 +42,8 @@ ControlChannel::ControlChannel(std::span<ofi::Rail* const> rails, ControlSink& s
       tx_slab_(std::make_unique<std::byte[]>(kTxSlots * kMaxControlMessage)) {
   rx_registration_ = std::make_unique<ofi::MemoryRegistration>(
       rails_, rx_slab_.get(), rails.size() * kRxSlotsPerRail * kMaxControlMessage);
-  tx_registration_ =
-      std::make_unique<ofi::MemoryRegistration>(rails_, tx_slab_.get(), kTxSlots * kMaxControlMessage);
+  tx_registration_ = std::make_unique<ofi::MemoryRegistration>(rails_, tx_slab_.get(),
+                                                               kTxSlots * kMaxControlMessage);
   rx_slots_.resize(rails.size() * kRxSlotsPerRail);
   reposts_.reserve(rx_slots_.size());
   for (std::uint32_t i = 0; i < rx_slots_.size(); ++i) {

@@ -30,7 +30,7 @@ inline constexpr std::size_t kMaxControlBody = kMaxControlMessage - kControlHead
 
 struct ControlHeader {
   std::uint8_t type = 0;
-  CommId comm = 0;       // the communicator the message is for, on the receiving lane
+  CommId comm = 0;           // the communicator the message is for, on the receiving lane
   std::uint16_t length = 0;  // body bytes
 };
 

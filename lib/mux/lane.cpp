@@ -19,8 +19,8 @@ Lane::Lane(std::span<ofi::Nic* const> nics, const LaneShape& shape, LaneKey key,
   const auto& nic = nics.front()->attributes();
   if (nic.tag_bits < kUsableTagBits) {
     throw Error("open lane", nic.provider, 0,
-                "the provider offers " + std::to_string(nic.tag_bits) +
-                    " tag bits; loom needs " + std::to_string(kUsableTagBits));
+                "the provider offers " + std::to_string(nic.tag_bits) + " tag bits; loom needs " +
+                    std::to_string(kUsableTagBits));
   }
   if (nic.cq_data_bytes < 4) {
     throw Error("open lane", nic.provider, 0,
@@ -35,7 +35,7 @@ Lane::Lane(std::span<ofi::Nic* const> nics, const LaneShape& shape, LaneKey key,
   rails_->set_remote_write_handler(this);
   auto all = rails_->rails();
   control_ = std::make_unique<ControlChannel>(all.subspan(rails_->data_rails()),
-                                            static_cast<ControlSink&>(*this));
+                                              static_cast<ControlSink&>(*this));
   comms_.resize(kInitialCommSlots, nullptr);
   retries_.reserve(kInitialCommSlots);
   retrying_.reserve(kInitialCommSlots);
@@ -54,15 +54,16 @@ CommId Lane::attach(CommPort& port) {
   if (attached_ == comms_.size()) {
     if (comms_.size() == kMaxComms) {
       throw Error("attach communicator", rails_->data(0).nic().attributes().provider, 0,
-                  "lane " + std::to_string(id_) + " already carries " +
-                      std::to_string(kMaxComms) + " communicators");
+                  "lane " + std::to_string(id_) + " already carries " + std::to_string(kMaxComms) +
+                      " communicators");
     }
     next_id_ = static_cast<CommId>(comms_.size());
     comms_.resize(comms_.size() * 2, nullptr);
   }
   // Round robin: an id comes back only after every other free id was used, so late traffic
   // for a closed communicator is long drained before its id is reused.
-  while (comms_[next_id_] != nullptr) next_id_ = static_cast<CommId>((next_id_ + 1) % comms_.size());
+  while (comms_[next_id_] != nullptr)
+    next_id_ = static_cast<CommId>((next_id_ + 1) % comms_.size());
   const CommId id = next_id_;
   comms_[id] = &port;
   ++attached_;
@@ -77,7 +78,9 @@ void Lane::detach(CommId id) noexcept {
   }
 }
 
-void Lane::retire(std::unique_ptr<CommPort> port) { retired_.push_back(std::move(port)); }
+void Lane::retire(std::unique_ptr<CommPort> port) {
+  retired_.push_back(std::move(port));
+}
 
 ofi::Address Lane::peer_address(std::size_t rail, std::span<const std::byte> name) {
   auto key = std::make_pair(rail, std::vector<std::byte>(name.begin(), name.end()));

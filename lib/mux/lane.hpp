@@ -51,8 +51,8 @@ class CommPort {
 };
 
 struct LaneStats {
-  std::size_t comms = 0;                // attached now
-  std::uint64_t stray_control = 0;      // control messages for a comm id not attached
+  std::size_t comms = 0;                  // attached now
+  std::uint64_t stray_control = 0;        // control messages for a comm id not attached
   std::uint64_t stray_remote_writes = 0;  // remote CQ data for a comm id not attached
 };
 

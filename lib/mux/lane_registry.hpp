@@ -40,7 +40,7 @@ struct LaneSummary {
 struct RegistryStats {
   std::vector<LaneSummary> lanes;
   std::map<std::string, std::size_t> endpoints_per_nic;  // by domain name
-  std::uint64_t lanes_opened = 0;  // since the registry was made
+  std::uint64_t lanes_opened = 0;                        // since the registry was made
 };
 
 class LaneRegistry {

@@ -34,9 +34,9 @@ constexpr std::uint64_t encode_tag(DataTag t) {
 }
 
 constexpr DataTag decode_tag(std::uint64_t tag) {
-  return DataTag{static_cast<TagKind>((tag >> (kCommIdBits + kTagSeqBits)) &
-                                      ((1u << kTagKindBits) - 1)),
-                 static_cast<CommId>(tag >> kTagSeqBits), static_cast<std::uint32_t>(tag & kTagSeqMask)};
+  return DataTag{
+      static_cast<TagKind>((tag >> (kCommIdBits + kTagSeqBits)) & ((1u << kTagKindBits) - 1)),
+      static_cast<CommId>(tag >> kTagSeqBits), static_cast<std::uint32_t>(tag & kTagSeqMask)};
 }
 
 // Remote CQ data of a rendezvous stripe: comm id | sequence | stripe count.

@@ -1,10 +1,10 @@
 #include "ofi/completion_queue.hpp"
 
+#include <cstdlib>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_eq.h>
-
-#include <cstdlib>
 
 #include "ofi/error.hpp"
 #include "ofi/nic.hpp"
@@ -96,9 +96,8 @@ void CompletionQueue::read_error_entry() {
   }
   ++stats_.errors;
   char provider_text[256] = {};
-  const char* detail =
-      fi_cq_strerror(cq_.get(), error.prov_errno, error.err_data, provider_text,
-                     sizeof provider_text);
+  const char* detail = fi_cq_strerror(cq_.get(), error.prov_errno, error.err_data, provider_text,
+                                      sizeof provider_text);
   const std::string text = nic_->attributes().domain + " [" + nic_->attributes().provider +
                            "]: " + fi_strerror(code) + " (" +
                            std::string(detail != nullptr ? detail : "") + ")";

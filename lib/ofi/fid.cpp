@@ -1,10 +1,10 @@
 #include "ofi/fid.hpp"
 
+#include <new>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
-
-#include <new>
 
 #include "util/log.hpp"
 
@@ -38,7 +38,9 @@ template struct FidCloser<fid_cq>;
 template struct FidCloser<fid_ep>;
 template struct FidCloser<fid_mr>;
 
-void InfoDeleter::operator()(fi_info* info) const noexcept { fi_freeinfo(info); }
+void InfoDeleter::operator()(fi_info* info) const noexcept {
+  fi_freeinfo(info);
+}
 
 InfoPtr duplicate(const fi_info& info) {
   InfoPtr copy(fi_dupinfo(&info));

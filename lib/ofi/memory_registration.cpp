@@ -1,11 +1,11 @@
 #include "ofi/memory_registration.hpp"
 
+#include <algorithm>
+#include <cstdio>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
-
-#include <algorithm>
-#include <cstdio>
 
 #include "loom/error.hpp"
 #include "loom_build_config.h"
@@ -54,12 +54,12 @@ MemoryRegistration::MemoryRegistration(std::span<Rail* const> rails, const void*
   std::string provider = rails.empty() ? "" : rails.front()->nic().attributes().provider;
   if (rails.empty()) throw Error("register memory", "", FI_EINVAL, "no rails to register on");
   if (base == nullptr) {
-    throw Error("register memory", provider, FI_EINVAL, "null address (" +
-                                                            std::to_string(length) + " bytes)");
+    throw Error("register memory", provider, FI_EINVAL,
+                "null address (" + std::to_string(length) + " bytes)");
   }
   if (length == 0) {
-    throw Error("register memory", provider, FI_EINVAL, "zero-length region at " +
-                                                            region_text(base, length));
+    throw Error("register memory", provider, FI_EINVAL,
+                "zero-length region at " + region_text(base, length));
   }
   if (type == MemoryType::kCuda && !LOOM_HAVE_CUDA) {
     throw Error("register memory", provider, FI_EOPNOTSUPP,

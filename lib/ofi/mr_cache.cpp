@@ -87,8 +87,8 @@ void MrCache::evict_over_bound() {
     entries_.erase(key_of(*victim->registration));
   }
   if (entries_.size() > max_entries_) {
-    util::log().debug("MR cache over its bound ({} > {}): every entry is in use",
-                      entries_.size(), max_entries_);
+    util::log().debug("MR cache over its bound ({} > {}): every entry is in use", entries_.size(),
+                      max_entries_);
   }
 }
 

@@ -1,13 +1,13 @@
 #include "ofi/nic.hpp"
 
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
-
-#include <algorithm>
-#include <bit>
-#include <cstdio>
 
 #include "ofi/error.hpp"
 #include "providers/profile.hpp"
@@ -97,12 +97,11 @@ Nic::Nic(InfoPtr info)
       }
     }
   }
-  util::log().info("NIC {} [{}] fabric {} address {} mr: {}{}{}{}", attributes_.domain,
-                   attributes_.provider, attributes_.fabric, attributes_.address,
-                   attributes_.endpoint_mr ? "endpoint " : "domain ",
-                   attributes_.virt_addr ? "virt-addr " : "offset ",
-                   attributes_.prov_key ? "prov-key " : "user-key ",
-                   attributes_.local_mr ? "local" : "");
+  util::log().info(
+      "NIC {} [{}] fabric {} address {} mr: {}{}{}{}", attributes_.domain, attributes_.provider,
+      attributes_.fabric, attributes_.address, attributes_.endpoint_mr ? "endpoint " : "domain ",
+      attributes_.virt_addr ? "virt-addr " : "offset ",
+      attributes_.prov_key ? "prov-key " : "user-key ", attributes_.local_mr ? "local" : "");
 }
 
 Nic::~Nic() = default;

@@ -19,8 +19,8 @@ namespace loom::ofi {
 struct NicAttributes {
   std::string provider;  // "tcp;ofi_rxm", "efa", ...
   std::string fabric;
-  std::string domain;    // the NIC's name: "lo", "rdmap16s27", "cxi0", "mlx5_0", "shm"
-  std::string address;   // the NIC's source address as text, empty if the provider gives none
+  std::string domain;      // the NIC's name: "lo", "rdmap16s27", "cxi0", "mlx5_0", "shm"
+  std::string address;     // the NIC's source address as text, empty if the provider gives none
   std::string pci_bus_id;  // "0000:10:1b.0" where the provider reports it
   // MR handling, from the returned domain_attr->mr_mode and mode bits.
   bool endpoint_mr = false;  // FI_MR_ENDPOINT: bind + enable per endpoint

@@ -31,8 +31,7 @@ FlushBuffer::FlushBuffer(Rail& rail) : storage_(std::make_unique<std::byte[]>(kB
 
 FlushBuffer::~FlushBuffer() = default;
 
-Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths,
-           CompletionQueue* shared)
+Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, CompletionQueue* shared)
     : nic_(&nic), role_(role), index_(index), depths_(depths), cq_(shared) {
   const std::string& provider = nic.attributes().provider;
   const std::string operation = "open " + describe();

@@ -1,12 +1,12 @@
 // Rail data path: posting operations and reading completions. No allocation, no lock of ours,
 // no logging above trace on success; failures are logged once here, where they are decided.
+#include <algorithm>
+#include <cstdlib>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
-
-#include <algorithm>
-#include <cstdlib>
 
 #include "ofi/error.hpp"
 #include "ofi/memory_registration.hpp"
@@ -24,31 +24,34 @@ Status Rail::post_failed(const char* call, long rc) {
   return Status::kError;
 }
 
-Status Rail::send(Address peer, const void* buffer, std::size_t length, void* desc,
-                  OpContext* op) {
+Status Rail::send(Address peer, const void* buffer, std::size_t length, void* desc, OpContext* op) {
   long rc = fi_send(endpoint_.get(), buffer, length, desc, peer, op);
-  if (rc != 0) [[unlikely]] return post_failed("fi_send", rc);
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_send", rc);
   stats_.bytes_sent += length;
   return Status::kOk;
 }
 
 Status Rail::inject(Address peer, const void* buffer, std::size_t length) {
   long rc = fi_inject(endpoint_.get(), buffer, length, peer);
-  if (rc != 0) [[unlikely]] return post_failed("fi_inject", rc);
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_inject", rc);
   stats_.bytes_sent += length;
   return Status::kOk;
 }
 
 Status Rail::recv(void* buffer, std::size_t length, void* desc, OpContext* op) {
   long rc = fi_recv(endpoint_.get(), buffer, length, desc, FI_ADDR_UNSPEC, op);
-  if (rc != 0) [[unlikely]] return post_failed("fi_recv", rc);
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_recv", rc);
   return Status::kOk;
 }
 
 Status Rail::tagged_send(Address peer, const void* buffer, std::size_t length, void* desc,
                          std::uint64_t tag, std::uint32_t data, OpContext* op) {
   long rc = fi_tsenddata(endpoint_.get(), buffer, length, desc, data, peer, tag, op);
-  if (rc != 0) [[unlikely]] return post_failed("fi_tsenddata", rc);
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_tsenddata", rc);
   stats_.bytes_sent += length;
   return Status::kOk;
 }
@@ -56,16 +59,18 @@ Status Rail::tagged_send(Address peer, const void* buffer, std::size_t length, v
 Status Rail::tagged_recv(void* buffer, std::size_t length, void* desc, std::uint64_t tag,
                          std::uint64_t ignore, OpContext* op) {
   long rc = fi_trecv(endpoint_.get(), buffer, length, desc, FI_ADDR_UNSPEC, tag, ignore, op);
-  if (rc != 0) [[unlikely]] return post_failed("fi_trecv", rc);
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_trecv", rc);
   return Status::kOk;
 }
 
 Status Rail::write(Address peer, const void* buffer, std::size_t length, void* desc,
                    std::uint64_t remote_address, std::uint64_t key, std::uint32_t data,
                    OpContext* op) {
-  long rc = fi_writedata(endpoint_.get(), buffer, length, desc, data, peer, remote_address, key,
-                         op);
-  if (rc != 0) [[unlikely]] return post_failed("fi_writedata", rc);
+  long rc =
+      fi_writedata(endpoint_.get(), buffer, length, desc, data, peer, remote_address, key, op);
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_writedata", rc);
   stats_.bytes_written += length;
   return Status::kOk;
 }
@@ -73,13 +78,14 @@ Status Rail::write(Address peer, const void* buffer, std::size_t length, void* d
 Status Rail::read(Address peer, void* buffer, std::size_t length, void* desc,
                   std::uint64_t remote_address, std::uint64_t key, OpContext* op) {
   long rc = fi_read(endpoint_.get(), buffer, length, desc, peer, remote_address, key, op);
-  if (rc != 0) [[unlikely]] return post_failed("fi_read", rc);
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_read", rc);
   stats_.bytes_read += length;
   return Status::kOk;
 }
 
-Status Rail::flush(const MemoryRegistration& registration, const void* address,
-                   std::size_t length, OpContext* op) {
+Status Rail::flush(const MemoryRegistration& registration, const void* address, std::size_t length,
+                   OpContext* op) {
   length = std::min(length, FlushBuffer::kBytes);
   if (!registration.covers_rail(index_) || !registration.contains(address, length)) {
     ++stats_.errors;

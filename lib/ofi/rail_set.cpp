@@ -13,8 +13,9 @@ RailDepths clamp_depths(const Nic& nic, RailDepths wanted) {
   RailDepths clamped{std::min(wanted.tx, a.max_tx_depth ? a.max_tx_depth : wanted.tx),
                      std::min(wanted.rx, a.max_rx_depth ? a.max_rx_depth : wanted.rx)};
   if (clamped.tx != wanted.tx || clamped.rx != wanted.rx) {
-    util::log().info("queue depths on {} clamped to the provider's limits: tx {} -> {}, rx {} -> {}",
-                     a.domain, wanted.tx, clamped.tx, wanted.rx, clamped.rx);
+    util::log().info(
+        "queue depths on {} clamped to the provider's limits: tx {} -> {}, rx {} -> {}", a.domain,
+        wanted.tx, clamped.tx, wanted.rx, clamped.rx);
   }
   return clamped;
 }

@@ -1,12 +1,12 @@
 #include "ofi/selection.hpp"
 
-#include <netinet/in.h>
-#include <rdma/fabric.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include <netinet/in.h>
+#include <rdma/fabric.h>
 
 #include "loom/error.hpp"
 #include "ofi/error.hpp"
@@ -105,8 +105,9 @@ std::string refusal(const std::string& provider, const fi_info* all, const fi_in
   if (!domains.empty()) {
     std::sort(domains.begin(), domains.end());
     domains.erase(std::unique(domains.begin(), domains.end()), domains.end());
-    return "its NICs (" + list_text(domains) + ") are excluded by LOOM_NICS=" +
-           list_text(config.nics) + (config.loopback_only ? " / LOOM_LOOPBACK_ONLY=1" : "");
+    return "its NICs (" + list_text(domains) +
+           ") are excluded by LOOM_NICS=" + list_text(config.nics) +
+           (config.loopback_only ? " / LOOM_LOOPBACK_ONLY=1" : "");
   }
   bool rdm = false;
   std::uint64_t caps = 0;

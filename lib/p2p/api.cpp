@@ -1,8 +1,7 @@
 // The public classes of include/loom/p2p.hpp, forwarding to lib/p2p.
-#include "loom/p2p.hpp"
-
 #include <algorithm>
 
+#include "loom/p2p.hpp"
 #include "p2p/context_core.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
@@ -25,7 +24,9 @@ Handle Handle::from_bytes(std::span<const std::byte> data) {
 
 Communicator::Communicator(std::unique_ptr<p2p::Comm> comm) : comm_(std::move(comm)) {}
 
-Communicator::~Communicator() { close(); }
+Communicator::~Communicator() {
+  close();
+}
 
 MemoryRegion Communicator::register_memory(const void* data, std::size_t size, MemoryType type,
                                            int device) {
@@ -60,7 +61,9 @@ const std::string& Communicator::last_error() const noexcept {
   return comm_ ? comm_->last_error() : kClosed;
 }
 
-CommStats Communicator::stats() const { return comm_ ? comm_->stats() : CommStats{}; }
+CommStats Communicator::stats() const {
+  return comm_ ? comm_->stats() : CommStats{};
+}
 
 SendComm::SendComm(std::unique_ptr<p2p::Comm> comm) : Communicator(std::move(comm)) {}
 
@@ -91,29 +94,43 @@ Listener::Listener(std::shared_ptr<p2p::ListenerState> state) : state_(std::move
 Listener::Listener(Listener&&) noexcept = default;
 Listener& Listener::operator=(Listener&&) noexcept = default;
 Listener::~Listener() = default;
-const Handle& Listener::handle() const noexcept { return state_->handle(); }
-std::unique_ptr<RecvComm> Listener::accept() { return state_->accept(); }
-void Listener::close() { state_->close(); }
-ListenerStats Listener::stats() const { return state_->stats(); }
+const Handle& Listener::handle() const noexcept {
+  return state_->handle();
+}
+std::unique_ptr<RecvComm> Listener::accept() {
+  return state_->accept();
+}
+void Listener::close() {
+  state_->close();
+}
+ListenerStats Listener::stats() const {
+  return state_->stats();
+}
 
 Connector::Connector(std::shared_ptr<p2p::ConnectorState> state) : state_(std::move(state)) {}
 Connector::Connector(Connector&&) noexcept = default;
 Connector& Connector::operator=(Connector&&) noexcept = default;
 Connector::~Connector() = default;
-std::unique_ptr<SendComm> Connector::poll() { return state_->poll(); }
+std::unique_ptr<SendComm> Connector::poll() {
+  return state_->poll();
+}
 
 // ---- context ----
 
 Context::Context(const Config& config) : core_(std::make_shared<p2p::ContextCore>(config)) {}
 Context::~Context() = default;
 
-Listener Context::listen() { return Listener(std::make_shared<p2p::ListenerState>(core_)); }
+Listener Context::listen() {
+  return Listener(std::make_shared<p2p::ListenerState>(core_));
+}
 
 Connector Context::connect(const Handle& handle) {
   return Connector(std::make_shared<p2p::ConnectorState>(core_, handle));
 }
 
-const Config& Context::config() const noexcept { return core_->config(); }
+const Config& Context::config() const noexcept {
+  return core_->config();
+}
 
 std::vector<NicDescription> Context::nics() const {
   std::vector<NicDescription> out;

@@ -115,8 +115,8 @@ const ofi::MemoryRegistration* Comm::lookup(const MemoryRegion& region, const vo
   }
   const Registration& entry = registrations_[region.slot_];
   auto p = static_cast<const std::byte*>(data);
-  if (p < entry.base || size > entry.size || static_cast<std::size_t>(p - entry.base) > entry.size - size)
-      [[unlikely]] {
+  if (p < entry.base || size > entry.size ||
+      static_cast<std::size_t>(p - entry.base) > entry.size - size) [[unlikely]] {
     reject(Status::kInvalid, "buffer of " + std::to_string(size) +
                                  " bytes lies outside its registered region of " +
                                  std::to_string(entry.size) + " bytes");
@@ -131,7 +131,8 @@ Status Comm::reject(Status status, std::string text) {
 }
 
 Request* Comm::allocate(RequestKind kind) {
-  if (free_requests_.empty()) [[unlikely]] return nullptr;
+  if (free_requests_.empty()) [[unlikely]]
+    return nullptr;
   Request& r = requests_[free_requests_.back()];
   free_requests_.pop_back();
   r.kind = kind;
@@ -151,9 +152,9 @@ bool Comm::finished(const Request& r) const noexcept {
   if (r.ops_outstanding != 0) return false;
   // The peer must have heard what it waits for: a receive's clear-to-send (its sender cannot
   // finish without it, even when the data already came), a rendezvous send's ready-to-send.
-  const bool told = r.kind == RequestKind::kRecv                  ? r.cts_sent
+  const bool told = r.kind == RequestKind::kRecv               ? r.cts_sent
                     : r.kind == RequestKind::kSend && !r.eager ? r.rts_sent || r.abandoned
-                                                                 : true;
+                                                               : true;
   if (!told && !closed_ && !peer_closed_) return false;
   for (std::size_t i = 0; i < r.part_count; ++i)
     if (!r.parts[i].done) return false;
@@ -305,9 +306,10 @@ void Comm::close(std::unique_ptr<Comm> self) {
   }
   std::shared_ptr<ContextCore> core = std::move(self->core_);
   if (!drained) {
-    util::log().info("communicator {} on lane {} closed with operations in flight; the lane "
-                     "keeps its memory until its endpoints close",
-                     self->id_, lane.id());
+    util::log().info(
+        "communicator {} on lane {} closed with operations in flight; the lane "
+        "keeps its memory until its endpoints close",
+        self->id_, lane.id());
     std::lock_guard lock(lane.mutex());
     lane.retire(std::move(self));
   }

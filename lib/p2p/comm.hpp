@@ -100,7 +100,7 @@ class Comm : public mux::CommPort {
   mux::Direction direction_;
   mux::CommId id_ = 0;
   mux::CommId peer_id_ = 0;
-  std::size_t data_rails_ = 0;     // used with this peer: min of both sides
+  std::size_t data_rails_ = 0;  // used with this peer: min of both sides
   std::size_t control_rails_ = 0;
   std::vector<ofi::Address> peer_data_;
   std::vector<ofi::Address> peer_control_;

@@ -28,8 +28,7 @@ ContextCore::ContextCore(const Config& config) : config_(config), rng_(random_se
   if (nics_.size() > 1 && config_.nics.empty()) order_nics_by_locality();
   // Shared lanes carry several communicators' operations: their queues scale with the
   // multiplier (clamped to the provider's limits when the rails open).
-  const std::size_t depth =
-      kBaseDepth * (config_.ngroups > 0 ? config_.qp_depth_multiplier : 1);
+  const std::size_t depth = kBaseDepth * (config_.ngroups > 0 ? config_.qp_depth_multiplier : 1);
   mux::LaneShape shape{.data_rails = config_.data_rails,
                        .control_rails = config_.ctrl_rails,
                        .depths = {depth, depth},
@@ -106,7 +105,9 @@ std::uint32_t ContextCore::add_listener(ListenerState& listener) {
   return id;
 }
 
-void ContextCore::remove_listener(std::uint32_t id) noexcept { listeners_.erase(id); }
+void ContextCore::remove_listener(std::uint32_t id) noexcept {
+  listeners_.erase(id);
+}
 
 std::uint32_t ContextCore::add_connector(ConnectorState& connector) {
   const std::uint32_t id = next_connector_++;
@@ -114,7 +115,9 @@ std::uint32_t ContextCore::add_connector(ConnectorState& connector) {
   return id;
 }
 
-void ContextCore::remove_connector(std::uint32_t id) noexcept { connectors_.erase(id); }
+void ContextCore::remove_connector(std::uint32_t id) noexcept {
+  connectors_.erase(id);
+}
 
 void ContextCore::on_control(const mux::ControlHeader& header, std::span<const std::byte> body) {
   switch (static_cast<MessageType>(header.type)) {

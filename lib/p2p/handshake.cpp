@@ -46,7 +46,9 @@ ListenerState::ListenerState(std::shared_ptr<ContextCore> core) : core_(std::mov
   }
 }
 
-ListenerState::~ListenerState() { close(); }
+ListenerState::~ListenerState() {
+  close();
+}
 
 void ListenerState::close() {
   std::lock_guard lock(core_->bootstrap_mutex());
@@ -72,7 +74,9 @@ ListenerStats ListenerState::stats() const {
   return stats_;
 }
 
-void ListenerState::on_connect(ConnectMessage message) { pending_.push_back(std::move(message)); }
+void ListenerState::on_connect(ConnectMessage message) {
+  pending_.push_back(std::move(message));
+}
 
 void ListenerState::on_refused(std::string why) {
   ++stats_.refused;
@@ -92,9 +96,8 @@ std::unique_ptr<RecvComm> ListenerState::accept() {
     mux::Lane& lane = core_->lanes().join_recv(message.context, message.lane.lane);
     comm = make_comm<RecvCommImpl>(core_, lane);
     comm->connect_peer(message.lane);
-    AcceptMessage accept{.connect_id = message.connect_id,
-                         .context = core_->id(),
-                         .lane = comm->local_addresses()};
+    AcceptMessage accept{
+        .connect_id = message.connect_id, .context = core_->id(), .lane = comm->local_addresses()};
     std::byte body[kHandshakeBytes];
     const std::size_t length = encode_accept(accept, body);
     if (length == 0) throw Error("accept", core_->provider(), 0, "lane addresses do not fit");
@@ -161,7 +164,8 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
     Comm::close(std::move(comm_));
     throw Error("connect", core_->provider(), code, why);
   };
-  if (reject_) fail(ECONNREFUSED, std::string("refused by the listener: ") + to_string(reject_->reason));
+  if (reject_)
+    fail(ECONNREFUSED, std::string("refused by the listener: ") + to_string(reject_->reason));
   if (accept_) {
     comm_->connect_peer(accept_->lane);
     done_ = true;

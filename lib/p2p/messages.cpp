@@ -70,7 +70,9 @@ bool lane_fits(const LaneAddresses& lane) {
   return true;
 }
 
-std::size_t finish(const WireWriter& w) { return w.ok() ? w.size() : 0; }
+std::size_t finish(const WireWriter& w) {
+  return w.ok() ? w.size() : 0;
+}
 
 }  // namespace
 
@@ -179,11 +181,16 @@ const char* decode_reject(std::span<const std::byte> in, RejectMessage& out) {
 
 const char* to_string(RejectReason reason) {
   switch (reason) {
-    case RejectReason::kBadMagic: return "wrong magic";
-    case RejectReason::kBadVersion: return "unsupported protocol version";
-    case RejectReason::kUnknownListener: return "no such listener (closed?)";
-    case RejectReason::kBadNonce: return "wrong nonce (stale or forged handle)";
-    case RejectReason::kSetupFailed: return "the listener failed to set up the communicator";
+    case RejectReason::kBadMagic:
+      return "wrong magic";
+    case RejectReason::kBadVersion:
+      return "unsupported protocol version";
+    case RejectReason::kUnknownListener:
+      return "no such listener (closed?)";
+    case RejectReason::kBadNonce:
+      return "wrong nonce (stale or forged handle)";
+    case RejectReason::kSetupFailed:
+      return "the listener failed to set up the communicator";
   }
   return "unknown reason";
 }

@@ -53,8 +53,8 @@ const char* decode_handle(std::span<const std::byte> in, HandleData& out);
 
 // ---- handshake ----
 struct LaneAddresses {
-  std::uint64_t lane = 0;   // the lane's id in its context
-  std::uint16_t comm = 0;   // the communicator's id on that lane
+  std::uint64_t lane = 0;  // the lane's id in its context
+  std::uint16_t comm = 0;  // the communicator's id on that lane
   std::vector<Address> data;
   std::vector<Address> control;
 };
@@ -160,7 +160,9 @@ struct ReadyToSend {
   std::array<RtsEntry, kMaxBatch> entries;
 };
 inline constexpr std::size_t kRtsEntryBytes = 4 + 8 + 4 + 1;
-inline constexpr std::size_t rts_bytes(std::size_t count) { return 1 + count * kRtsEntryBytes; }
+inline constexpr std::size_t rts_bytes(std::size_t count) {
+  return 1 + count * kRtsEntryBytes;
+}
 std::size_t encode_rts(const ReadyToSend& message, std::span<std::byte> out);
 const char* decode_rts(std::span<const std::byte> in, ReadyToSend& out);
 

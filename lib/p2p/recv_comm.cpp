@@ -15,7 +15,8 @@ RecvCommImpl::RecvCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane)
 Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
   request = nullptr;
   std::lock_guard lock(lane_->mutex());
-  if (closed_) [[unlikely]] return reject(Status::kInvalid, "irecv on a closed communicator");
+  if (closed_) [[unlikely]]
+    return reject(Status::kInvalid, "irecv on a closed communicator");
   if (peer_closed_) [[unlikely]] {
     return reject(Status::kPeerError, "irecv: the peer closed the communicator");
   }
@@ -27,7 +28,8 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     if (buffers[i].size == 0) continue;
     registrations[i] = lookup(buffers[i].region, buffers[i].data, buffers[i].size);
-    if (registrations[i] == nullptr) [[unlikely]] return Status::kInvalid;
+    if (registrations[i] == nullptr) [[unlikely]]
+      return Status::kInvalid;
   }
   Request* r = allocate(RequestKind::kRecv);
   if (r == nullptr) [[unlikely]] {
@@ -56,7 +58,8 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
 Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& request) {
   request = nullptr;
   std::lock_guard lock(lane_->mutex());
-  if (closed_) [[unlikely]] return reject(Status::kInvalid, "iflush on a closed communicator");
+  if (closed_) [[unlikely]]
+    return reject(Status::kInvalid, "iflush on a closed communicator");
   const RecvBuffer* target = nullptr;
   const ofi::MemoryRegistration* registration = nullptr;
   bool device = false;
@@ -162,7 +165,8 @@ void RecvCommImpl::flush_control() {
   }
   std::byte body[mux::kMaxControlBody];
   const std::size_t length = encode_cts(batch_, body);
-  const Status status = send_control(MessageType::kClearToSend, batch_.entries[0].seq, {body, length});
+  const Status status =
+      send_control(MessageType::kClearToSend, batch_.entries[0].seq, {body, length});
   if (status == Status::kRetry) {
     schedule_flush();
     return;
@@ -219,11 +223,10 @@ void RecvCommImpl::on_op(Request& r, std::size_t i, const ofi::Completion& compl
       break;
     case Status::kTruncated:
       part.status = Status::kTruncated;
-      r.fail(Status::kTruncated,
-             "irecv: message " + std::to_string(part.seq) + " of " +
-                 std::to_string(completion.length + completion.overflow) +
-                 " bytes is larger than the posted buffer of " + std::to_string(part.size) +
-                 " bytes");
+      r.fail(Status::kTruncated, "irecv: message " + std::to_string(part.seq) + " of " +
+                                     std::to_string(completion.length + completion.overflow) +
+                                     " bytes is larger than the posted buffer of " +
+                                     std::to_string(part.size) + " bytes");
       part.done = true;
       break;
     case Status::kCancelled:
@@ -279,8 +282,10 @@ void RecvCommImpl::on_ready_to_send(std::span<const std::byte> body) {
       early_valid_[rts.seq % kSeqWindow] = true;
       continue;
     }
-    util::log().warn("comm {} on lane {}: ready-to-send for message {} dropped: no buffer "
-                     "waits for it", id_, lane_->id(), rts.seq);
+    util::log().warn(
+        "comm {} on lane {}: ready-to-send for message {} dropped: no buffer "
+        "waits for it",
+        id_, lane_->id(), rts.seq);
   }
 }
 
@@ -341,7 +346,8 @@ void RecvCommImpl::on_remote_write(mux::WriteImmediate immediate) {
     part->writes_expected = immediate.stripes;
   } else if (immediate.stripes != part->writes_expected) {
     part->status = Status::kError;
-    r->fail(Status::kError, "irecv: stripe counts disagree for message " + std::to_string(part->seq));
+    r->fail(Status::kError,
+            "irecv: stripe counts disagree for message " + std::to_string(part->seq));
   }
   ++part->writes_seen;
   finish_rendezvous(*part);

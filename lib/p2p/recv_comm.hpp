@@ -39,8 +39,8 @@ class RecvCommImpl final : public Comm {
   void finish_rendezvous(Part& part);
 
   std::uint32_t next_seq_ = 0;
-  std::vector<Slot> by_seq_;  // by seq % kSeqWindow
-  ClearToSend batch_;          // entries not sent yet
+  std::vector<Slot> by_seq_;       // by seq % kSeqWindow
+  ClearToSend batch_;              // entries not sent yet
   std::vector<Request*> batched_;  // the requests they belong to
   std::size_t batch_limit_ = 0;
   // Ready-to-sends that arrived before their buffer was posted, by seq % kSeqWindow. The

@@ -29,18 +29,20 @@ std::uint8_t SendCommImpl::stripe_count(std::size_t size) const noexcept {
   return static_cast<std::uint8_t>(std::min({by_size, data_rails_, kMaxSendStripes}));
 }
 
-Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag,
-                           const MemoryRegion& region, Request*& request) {
+Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const MemoryRegion& region,
+                           Request*& request) {
   request = nullptr;
   std::lock_guard lock(lane_->mutex());
-  if (closed_) [[unlikely]] return reject(Status::kInvalid, "isend on a closed communicator");
+  if (closed_) [[unlikely]]
+    return reject(Status::kInvalid, "isend on a closed communicator");
   if (peer_closed_) [[unlikely]] {
     return reject(Status::kPeerError, "isend: the peer closed the communicator");
   }
   const ofi::MemoryRegistration* registration = nullptr;
   if (size != 0) {
     registration = lookup(region, data, size);
-    if (registration == nullptr) [[unlikely]] return Status::kInvalid;
+    if (registration == nullptr) [[unlikely]]
+      return Status::kInvalid;
   }
   Request* r = allocate(RequestKind::kSend);
   if (r == nullptr) [[unlikely]] {
@@ -138,9 +140,8 @@ void SendCommImpl::post_stripes(Request& r) {
   Part& part = r.parts[0];
   const Clearance& clearance = clearances_[part.seq % kSeqWindow];
   const std::uint64_t* keys = &keys_[(part.seq % kSeqWindow) * kMaxDataRails];
-  const std::uint32_t immediate =
-      mux::encode_immediate({peer_id_, static_cast<std::uint16_t>(part.seq & mux::kImmSeqMask),
-                             r.stripes});
+  const std::uint32_t immediate = mux::encode_immediate(
+      {peer_id_, static_cast<std::uint16_t>(part.seq & mux::kImmSeqMask), r.stripes});
   const std::size_t base = part.size / r.stripes;
   while (r.stripes_posted < r.stripes) {
     const std::size_t i = r.stripes_posted;
@@ -149,9 +150,9 @@ void SendCommImpl::post_stripes(Request& r) {
     const std::size_t length = i + 1 == r.stripes ? part.size - offset : base;
     const std::size_t rail = (part.seq + i) % data_rails_;
     ofi::Rail& data_rail = lane_->rails().data(rail);
-    const Status status = data_rail.write(peer_data_[rail], part.data + offset, length,
-                                          part.registration->desc(rail), clearance.address + offset,
-                                          keys[rail], immediate, &r.ops[i]);
+    const Status status =
+        data_rail.write(peer_data_[rail], part.data + offset, length, part.registration->desc(rail),
+                        clearance.address + offset, keys[rail], immediate, &r.ops[i]);
     if (status == Status::kRetry) {
       queue_retry(r);
       return;
@@ -177,10 +178,9 @@ void SendCommImpl::match(Request& r) {
                                    std::to_string(clearance.size) + " bytes (message " +
                                    std::to_string(part.seq) + ")");
   } else if (clearance.tag != part.tag) {
-    r.fail(Status::kInvalid, "isend: tag " + std::to_string(part.tag) +
-                                 " does not match the peer's buffer tag " +
-                                 std::to_string(clearance.tag) + " (message " +
-                                 std::to_string(part.seq) + ")");
+    r.fail(Status::kInvalid,
+           "isend: tag " + std::to_string(part.tag) + " does not match the peer's buffer tag " +
+               std::to_string(clearance.tag) + " (message " + std::to_string(part.seq) + ")");
   }
 }
 
@@ -221,8 +221,8 @@ void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
     return;
   }
   const CtsReader cts(type == MessageType::kClearToSend ? body : std::span<const std::byte>{});
-  const char* why = type != MessageType::kClearToSend ? "unexpected message type for a sender"
-                                                      : cts.error();
+  const char* why =
+      type != MessageType::kClearToSend ? "unexpected message type for a sender" : cts.error();
   if (why == nullptr && cts.data_rails() < data_rails_) why = "clear-to-send names too few rails";
   if (why != nullptr) [[unlikely]] {
     util::log().warn("comm {} on lane {}: control message dropped: {}", id_, lane_->id(), why);
@@ -236,8 +236,8 @@ void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
     // (data_rails_ still 0) when the receiver posts right after accepting.
     std::memcpy(&keys_[slot * kMaxDataRails], entry.keys, 8 * cts.data_rails());
     Request* r = waiting_[slot];
-    if (r != nullptr && r->in_use && r->kind == RequestKind::kSend && r->parts[0].seq == entry.seq &&
-        !r->cts_matched) {
+    if (r != nullptr && r->in_use && r->kind == RequestKind::kSend &&
+        r->parts[0].seq == entry.seq && !r->cts_matched) {
       match(*r);
       advance(*r);
     }

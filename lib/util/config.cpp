@@ -18,8 +18,7 @@ constexpr std::string_view kPrefix = "LOOM_";
 
 [[noreturn]] void invalid(std::string_view name, std::string_view value, std::string_view want) {
   throw Error("config", "", 0,
-              std::string(name) + "=\"" + std::string(value) + "\": expected " +
-                  std::string(want));
+              std::string(name) + "=\"" + std::string(value) + "\": expected " + std::string(want));
 }
 
 std::string range_text(std::uint64_t lo, std::uint64_t hi) {
@@ -36,10 +35,17 @@ std::uint64_t parse_number(std::string_view name, std::string_view value, std::u
   std::uint64_t scale = 1;
   if (ptr != end) {
     switch (*ptr | 0x20) {
-      case 'k': scale = 1ull << 10; break;
-      case 'm': scale = 1ull << 20; break;
-      case 'g': scale = 1ull << 30; break;
-      default: invalid(name, value, range_text(lo, hi));
+      case 'k':
+        scale = 1ull << 10;
+        break;
+      case 'm':
+        scale = 1ull << 20;
+        break;
+      case 'g':
+        scale = 1ull << 30;
+        break;
+      default:
+        invalid(name, value, range_text(lo, hi));
     }
     if (ptr + 1 != end) invalid(name, value, range_text(lo, hi));
   }
@@ -103,7 +109,9 @@ struct Text {
   static void check(const Config&, std::string_view) {}
 };
 
-void set_nics(Config& c, std::string_view, std::string_view value) { c.nics = parse_list(value); }
+void set_nics(Config& c, std::string_view, std::string_view value) {
+  c.nics = parse_list(value);
+}
 void check_nothing(const Config&, std::string_view) {}
 
 void set_log_level(Config& c, std::string_view name, std::string_view value) {
@@ -186,7 +194,9 @@ const Row* find_row(std::string_view name) {
 
 }  // namespace
 
-std::span<const ConfigVariable> config_variables() noexcept { return kVariables; }
+std::span<const ConfigVariable> config_variables() noexcept {
+  return kVariables;
+}
 
 Config Config::from_values(const std::map<std::string, std::string, std::less<>>& values) {
   Config config;

@@ -22,14 +22,22 @@ Error::Error(std::string operation, std::string provider, int code, std::string 
 
 std::string_view to_string(Status status) noexcept {
   switch (status) {
-    case Status::kOk: return "ok";
-    case Status::kInProgress: return "in progress";
-    case Status::kRetry: return "retry";
-    case Status::kTruncated: return "truncated";
-    case Status::kCancelled: return "cancelled";
-    case Status::kInvalid: return "invalid argument";
-    case Status::kPeerError: return "peer error";
-    case Status::kError: return "error";
+    case Status::kOk:
+      return "ok";
+    case Status::kInProgress:
+      return "in progress";
+    case Status::kRetry:
+      return "retry";
+    case Status::kTruncated:
+      return "truncated";
+    case Status::kCancelled:
+      return "cancelled";
+    case Status::kInvalid:
+      return "invalid argument";
+    case Status::kPeerError:
+      return "peer error";
+    case Status::kError:
+      return "error";
   }
   return "unknown";
 }

@@ -2,9 +2,9 @@
 // compare; nothing on the per-message path logs above trace.
 #pragma once
 
-#include <spdlog/spdlog.h>
-
 #include <string_view>
+
+#include <spdlog/spdlog.h>
 
 namespace loom::util {
 

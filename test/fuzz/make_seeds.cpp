@@ -119,21 +119,19 @@ std::vector<Seed> seeds() {
   s.push_back({"cts_rts/cts-two-parts-four-rails", encoded(cts(2, 4), encode_cts)});
   s.push_back({"cts_rts/cts-most-parts-two-rails", encoded(cts(kMaxParts, 2), encode_cts)});
   s.push_back({"cts_rts/cts-batch-one-rail", encoded(cts(max_cts_entries(1), 1), encode_cts)});
-  s.push_back({"cts_rts/rts-two-stripes",
-               rts({{.seq = 7, .size = 1u << 24, .tag = 1, .stripes = 2}})});
-  s.push_back({"cts_rts/rts-most-stripes",
-               rts({{.seq = 8, .size = 1u << 30, .tag = 2, .stripes = 16}})});
-  s.push_back({"cts_rts/rts-batch",
-               rts({{.seq = 9, .size = 65536, .tag = 3, .stripes = 1},
-                    {.seq = 10, .size = 1u << 20, .tag = 4, .stripes = 4},
-                    {.seq = 11, .size = 100000, .tag = 5, .stripes = 1}})});
+  s.push_back(
+      {"cts_rts/rts-two-stripes", rts({{.seq = 7, .size = 1u << 24, .tag = 1, .stripes = 2}})});
+  s.push_back(
+      {"cts_rts/rts-most-stripes", rts({{.seq = 8, .size = 1u << 30, .tag = 2, .stripes = 16}})});
+  s.push_back({"cts_rts/rts-batch", rts({{.seq = 9, .size = 65536, .tag = 3, .stripes = 1},
+                                         {.seq = 10, .size = 1u << 20, .tag = 4, .stripes = 4},
+                                         {.seq = 11, .size = 100000, .tag = 5, .stripes = 1}})});
 
   s.push_back(
       {"control_header/close", control(static_cast<std::uint8_t>(MessageType::kClose), {})});
   s.push_back(
-      {"control_header/rts",
-       control(static_cast<std::uint8_t>(MessageType::kReadyToSend),
-               rts({{.seq = 7, .size = 1u << 24, .tag = 1, .stripes = 2}}))});
+      {"control_header/rts", control(static_cast<std::uint8_t>(MessageType::kReadyToSend),
+                                     rts({{.seq = 7, .size = 1u << 24, .tag = 1, .stripes = 2}}))});
   s.push_back({"control_header/cts", control(static_cast<std::uint8_t>(MessageType::kClearToSend),
                                              encoded(cts(1, 2), encode_cts))});
 

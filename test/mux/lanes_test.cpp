@@ -1,12 +1,12 @@
 // N:m grouping across two processes: 64 communicators share exactly m = 4 lanes per direction,
 // all move verified data at once, and closing them in random order while the others keep
 // sending frees each lane's endpoints when its last communicator leaves.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <numeric>
 #include <random>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "support/endpoints.hpp"
 #include "support/p2p_pair.hpp"
@@ -24,7 +24,9 @@ std::size_t size_of(std::size_t comm, std::size_t round) {
   return (comm + round) % 3 == 0 ? 40000 + comm * 97 : 1 + (comm * 7919 + round * 104729) % 9000;
 }
 
-std::uint64_t seed_of(std::size_t comm, std::size_t round) { return comm * 100000 + round; }
+std::uint64_t seed_of(std::size_t comm, std::size_t round) {
+  return comm * 100000 + round;
+}
 
 Config grouped_config() {
   Config config = test_config(1);
@@ -70,15 +72,14 @@ template <typename Comm>
 void check_lanes(const Context& context, bool send, const std::vector<bool>& open,
                  std::size_t endpoints_before) {
   const std::size_t expected = groups_alive(open);
-  require(lanes(context, send) == expected,
-          "lanes " + std::to_string(lanes(context, send)) + ", expected " +
-              std::to_string(expected));
+  require(lanes(context, send) == expected, "lanes " + std::to_string(lanes(context, send)) +
+                                                ", expected " + std::to_string(expected));
   const std::size_t endpoints = lane_endpoints(context);
   require(endpoints == expected * 2, "loom reports " + std::to_string(endpoints) + " endpoints");
   const std::size_t held = provider_endpoints(provider_family(context));
-  require(held == endpoints_before + endpoints,
-          "the provider holds " + std::to_string(held) + " endpoints, loom accounts for " +
-              std::to_string(endpoints_before + endpoints));
+  require(held == endpoints_before + endpoints, "the provider holds " + std::to_string(held) +
+                                                    " endpoints, loom accounts for " +
+                                                    std::to_string(endpoints_before + endpoints));
 }
 
 void receiver(Channel& channel) {
@@ -122,8 +123,8 @@ void receiver(Channel& channel) {
                                             std::to_string(round) + ": size " +
                                             std::to_string(got));
       auto error = check_pattern({slab.data() + i * kSlot, got}, seed_of(i, round));
-      require(error.empty(), "comm " + std::to_string(i) + " round " + std::to_string(round) +
-                                 ": " + error);
+      require(error.empty(),
+              "comm " + std::to_string(i) + " round " + std::to_string(round) + ": " + error);
     }
     channel.barrier();
     check_lanes<RecvComm>(context, false, open, base);
@@ -175,8 +176,7 @@ void sender(Channel& channel) {
 
 }  // namespace
 
-TEST_CASE("mux 64 communicators share 4 lanes per direction and close in random order",
-          "[pair]") {
+TEST_CASE("mux 64 communicators share 4 lanes per direction and close in random order", "[pair]") {
   auto failure = run_pair(receiver, sender, 600s);
   INFO(failure);
   REQUIRE(failure.empty());

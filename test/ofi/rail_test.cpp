@@ -1,9 +1,9 @@
 // Rail layer across two processes: tagged send/recv on every rail, RMA write with remote CQ data
 // on every data rail, flush reads, and keys used after deregistration.
-#include <catch2/catch.hpp>
-
 #include <array>
 #include <cstring>
+
+#include <catch2/catch.hpp>
 
 #include "ofi/memory_registration.hpp"
 #include "support/pattern.hpp"
@@ -48,7 +48,8 @@ struct RemoteWrites final : ofi::RemoteWriteHandler {
 };
 
 void wait_for(ofi::RailSet& set, const std::function<bool()>& done, const std::string& what) {
-  poll_until(done, [&] { set.progress(); }, what);
+  poll_until(
+      done, [&] { set.progress(); }, what);
 }
 
 // Posts until the provider takes the operation: kRetry (e.g. rxm still connecting) means
@@ -89,11 +90,14 @@ void receiver(Channel& channel) {
             "trecv: " + set.rails()[r]->last_error());
   }
   channel.barrier();  // receives posted
-  wait_for(set, [&] {
-    for (auto& t : receives)
-      if (t.completions == 0) return false;
-    return true;
-  }, "tagged receives");
+  wait_for(
+      set,
+      [&] {
+        for (auto& t : receives)
+          if (t.completions == 0) return false;
+        return true;
+      },
+      "tagged receives");
   for (std::size_t r = 0; r < rails; ++r) {
     const auto& c = receives[r].last;
     require(c.status == Status::kOk, "tagged receive failed: " + receives[r].error_text);
@@ -115,7 +119,8 @@ void receiver(Channel& channel) {
     where.key[r] = target_mr.key(r);
   }
   channel.send_value(where);
-  wait_for(set, [&] { return writes.data.size() == kDataRails; }, "remote writes");
+  wait_for(
+      set, [&] { return writes.data.size() == kDataRails; }, "remote writes");
   std::sort(writes.data.begin(), writes.data.end());
   for (std::size_t r = 0; r < kDataRails; ++r) {
     require(writes.data[r] == 0xABC0 + r, "remote CQ data " + std::to_string(writes.data[r]));
@@ -127,9 +132,11 @@ void receiver(Channel& channel) {
   for (std::size_t r = 0; r < kDataRails; ++r) {
     Tracker flush;
     const std::byte* received = target.data() + r * kMessage;
-    post(set, set.data(r), [&] { return set.data(r).flush(target_mr, received, kMessage, &flush.op); },
-         "flush");
-    wait_for(set, [&] { return flush.completions == 1; }, "flush read");
+    post(
+        set, set.data(r),
+        [&] { return set.data(r).flush(target_mr, received, kMessage, &flush.op); }, "flush");
+    wait_for(
+        set, [&] { return flush.completions == 1; }, "flush read");
     require(flush.last.status == Status::kOk, "flush failed: " + flush.error_text);
     auto landed = set.data(r).flush_bytes();
     require(std::memcmp(landed.data(), received, landed.size()) == 0,
@@ -149,37 +156,49 @@ void sender(Channel& channel) {
 
   const std::size_t rails = set.rails().size();
   std::vector<std::byte> outbox(rails * kMessage);
-  for (std::size_t r = 0; r < rails; ++r) fill_pattern({outbox.data() + r * kMessage, kMessage}, r + 1);
+  for (std::size_t r = 0; r < rails; ++r)
+    fill_pattern({outbox.data() + r * kMessage, kMessage}, r + 1);
   auto& outbox_mr = set.mr_cache().acquire(outbox.data(), outbox.size());
   channel.barrier();
   std::vector<Tracker> sends(rails);
   for (std::size_t r = 0; r < rails; ++r) {
     ofi::Rail& rail = *set.rails()[r];
-    post(set, rail, [&] {
-      return rail.tagged_send(peers[r], outbox.data() + r * kMessage, kMessage, outbox_mr.desc(r),
-                              0x100 + r, 0xD0 + r, &sends[r].op);
-    }, "tsend");
+    post(
+        set, rail,
+        [&] {
+          return rail.tagged_send(peers[r], outbox.data() + r * kMessage, kMessage,
+                                  outbox_mr.desc(r), 0x100 + r, 0xD0 + r, &sends[r].op);
+        },
+        "tsend");
   }
-  wait_for(set, [&] {
-    for (auto& t : sends)
-      if (t.completions == 0) return false;
-    return true;
-  }, "tagged sends");
+  wait_for(
+      set,
+      [&] {
+        for (auto& t : sends)
+          if (t.completions == 0) return false;
+        return true;
+      },
+      "tagged sends");
   for (auto& t : sends) require(t.last.status == Status::kOk, "tagged send: " + t.error_text);
 
   auto where = channel.recv_value<WriteTarget>();
   std::vector<std::byte> source(kDataRails * kMessage);
-  for (std::size_t r = 0; r < kDataRails; ++r) fill_pattern({source.data() + r * kMessage, kMessage}, 100 + r);
+  for (std::size_t r = 0; r < kDataRails; ++r)
+    fill_pattern({source.data() + r * kMessage, kMessage}, 100 + r);
   auto& source_mr = set.mr_cache().acquire(source.data(), source.size());
   std::vector<Tracker> writes(kDataRails);
   for (std::size_t r = 0; r < kDataRails; ++r) {
-    post(set, set.data(r), [&] {
-      return set.data(r).write(peers[r], source.data() + r * kMessage, kMessage,
-                               source_mr.desc(r), where.address[r], where.key[r], 0xABC0 + r,
-                               &writes[r].op);
-    }, "write");
+    post(
+        set, set.data(r),
+        [&] {
+          return set.data(r).write(peers[r], source.data() + r * kMessage, kMessage,
+                                   source_mr.desc(r), where.address[r], where.key[r], 0xABC0 + r,
+                                   &writes[r].op);
+        },
+        "write");
   }
-  wait_for(set, [&] { return writes[0].completions && writes[1].completions; }, "writes");
+  wait_for(
+      set, [&] { return writes[0].completions && writes[1].completions; }, "writes");
   for (auto& t : writes) require(t.last.status == Status::kOk, "write: " + t.error_text);
   set.mr_cache().release(outbox_mr);
   set.mr_cache().release(source_mr);
@@ -234,9 +253,8 @@ TEST_CASE("rail key used after deregistration is refused", "[pair]") {
         Status posted = Status::kRetry;
         poll_until([&] { return posted != Status::kRetry; },
                    [&] {
-                     posted = set.data(0).write(peers[0], source.data(), source.size(),
-                                                mr.desc(0), where.address[0], where.key[0], 1,
-                                                &write.op);
+                     posted = set.data(0).write(peers[0], source.data(), source.size(), mr.desc(0),
+                                                where.address[0], where.key[0], 1, &write.op);
                      if (posted == Status::kRetry) set.progress();
                    },
                    "posting the write");

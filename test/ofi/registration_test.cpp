@@ -1,9 +1,9 @@
 // Registration in both MR modes, the MR cache, teardown order and bad input, in one process.
-#include <catch2/catch.hpp>
-#include <spdlog/sinks/ringbuffer_sink.h>
-
 #include <cstdlib>
 #include <cstring>
+
+#include <catch2/catch.hpp>
+#include <spdlog/sinks/ringbuffer_sink.h>
 
 #include "loom/error.hpp"
 #include "ofi/memory_registration.hpp"
@@ -111,16 +111,18 @@ TEST_CASE("teardown: the provider refuses an endpoint closed before its MRs", "[
   if (!expect_endpoint_mr()) return;
   // The wrong order, built on purpose in a child (it leaks the endpoint the provider refused to
   // close): proves that the provider enforces what the owners above guarantee.
-  auto failure = run_pair([](Channel&) {}, [](Channel&) {
-    LogCapture capture;
-    std::vector<std::byte> buffer(4096);
-    auto fabric = std::make_unique<TestFabric>(1, 1);
-    auto registration = std::make_unique<ofi::MemoryRegistration>(fabric->rails->rails(),
-                                                                  buffer.data(), buffer.size());
-    fabric->rails.reset();  // endpoints first: wrong
-    require(capture.text().find("fi_close(endpoint) failed") != std::string::npos,
-            "closing an endpoint with bound MRs was not refused: " + capture.text());
-  });
+  auto failure =
+      run_pair([](Channel&) {},
+               [](Channel&) {
+                 LogCapture capture;
+                 std::vector<std::byte> buffer(4096);
+                 auto fabric = std::make_unique<TestFabric>(1, 1);
+                 auto registration = std::make_unique<ofi::MemoryRegistration>(
+                     fabric->rails->rails(), buffer.data(), buffer.size());
+                 fabric->rails.reset();  // endpoints first: wrong
+                 require(capture.text().find("fi_close(endpoint) failed") != std::string::npos,
+                         "closing an endpoint with bound MRs was not refused: " + capture.text());
+               });
   INFO(failure);
   REQUIRE(failure.empty());
 }

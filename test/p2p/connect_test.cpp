@@ -1,7 +1,7 @@
 // Connection setup and bad input through the p2p API.
-#include <catch2/catch.hpp>
-
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "support/p2p_pair.hpp"
 #include "support/pattern.hpp"

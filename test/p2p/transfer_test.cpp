@@ -1,9 +1,9 @@
 // Data movement through the p2p API between two processes: every size class over 1, 2 and 4
 // data rails, a 1000-message window, multi-buffer receives and forced flushes.
-#include <catch2/catch.hpp>
-
 #include <random>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "support/p2p_pair.hpp"
 #include "support/pattern.hpp"
@@ -32,8 +32,8 @@ void sweep_receiver(Channel& channel, unsigned rails) {
     RecvBuffer target{buffer.data(), capacity, static_cast<Tag>(i + 7), region};
     require(comm->irecv({&target, 1}, request) == Status::kOk, "irecv: " + comm->last_error());
     const std::size_t delivered = finish(*comm, request);
-    require(delivered == sizes[i], "size " + std::to_string(sizes[i]) + " delivered as " +
-                                       std::to_string(delivered));
+    require(delivered == sizes[i],
+            "size " + std::to_string(sizes[i]) + " delivered as " + std::to_string(delivered));
     auto error = check_pattern({buffer.data(), sizes[i]}, rails * 1000 + i);
     require(error.empty(), "message of " + std::to_string(sizes[i]) + " bytes: " + error);
   }
@@ -100,16 +100,16 @@ TEST_CASE("p2p 1000 messages of random sizes and tags in a window of 64 keep ord
     while (completed < kMessages) {
       while (posted < kMessages && posted - completed < kWindow) {
         const std::size_t slot = posted % kWindow;
-        RecvBuffer b{slab.data() + slot * (kMaxSize + 64), plan[posted].size + 64,
-                     plan[posted].tag, region};
+        RecvBuffer b{slab.data() + slot * (kMaxSize + 64), plan[posted].size + 64, plan[posted].tag,
+                     region};
         require(comm->irecv({&b, 1}, inflight[slot]) == Status::kOk, comm->last_error());
         ++posted;
       }
       const std::size_t slot = completed % kWindow;
       const std::size_t delivered = finish(*comm, inflight[slot]);
-      require(delivered == plan[completed].size,
-              "message " + std::to_string(completed) + " delivered " + std::to_string(delivered) +
-                  " of " + std::to_string(plan[completed].size));
+      require(delivered == plan[completed].size, "message " + std::to_string(completed) +
+                                                     " delivered " + std::to_string(delivered) +
+                                                     " of " + std::to_string(plan[completed].size));
       auto error = check_pattern({slab.data() + slot * (kMaxSize + 64), delivered}, completed);
       require(error.empty(), "message " + std::to_string(completed) + ": " + error);
       ++completed;
@@ -168,8 +168,8 @@ TEST_CASE("p2p multi-buffer receive and forced flush", "[pair]") {
     require(status == Status::kOk, comm->last_error());
     for (std::size_t i = 0; i < kParts; ++i) {
       const std::size_t expected = i * 37000 + 1;  // eager and rendezvous mixed
-      require(sizes[i] == expected, "buffer " + std::to_string(i) + " got " +
-                                        std::to_string(sizes[i]) + " bytes");
+      require(sizes[i] == expected,
+              "buffer " + std::to_string(i) + " got " + std::to_string(sizes[i]) + " bytes");
       auto error = check_pattern({slab.data() + i * 300000, expected}, 500 + i);
       require(error.empty(), "buffer " + std::to_string(i) + ": " + error);
     }

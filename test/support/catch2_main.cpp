@@ -1,9 +1,9 @@
 // Catch2's main, plus one safety net: a test binary run by hand without the meson matrix's
 // environment uses tcp on the loopback interface, never the first interface libfabric lists.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <cstdlib>
+
+#include <catch2/catch.hpp>
 
 int main(int argc, char** argv) {
   if (std::getenv("LOOM_PROVIDER") == nullptr) {

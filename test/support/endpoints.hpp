@@ -2,14 +2,14 @@
 // endpoint listens on a TCP socket; every shm endpoint owns a /dev/shm/<pid>:... region.
 #pragma once
 
-#include <dirent.h>
-#include <unistd.h>
-
 #include <cstddef>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+
+#include <dirent.h>
+#include <unistd.h>
 
 namespace loom::test {
 
@@ -47,8 +47,7 @@ inline std::size_t listening_sockets_of_this_process() {
       ssize_t n = readlink(path.c_str(), target, sizeof target - 1);
       if (n <= 0) continue;
       std::string link(target, static_cast<std::size_t>(n));
-      if (link.rfind("socket:[", 0) == 0 &&
-          listening.count(link.substr(8, link.size() - 9)) != 0) {
+      if (link.rfind("socket:[", 0) == 0 && listening.count(link.substr(8, link.size() - 9)) != 0) {
         ++count;
       }
     }

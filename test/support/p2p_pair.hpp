@@ -30,8 +30,7 @@ inline Handle recv_handle(Channel& channel) {
 inline std::unique_ptr<RecvComm> accept_one(Listener& listener,
                                             std::chrono::seconds timeout = 30s) {
   std::unique_ptr<RecvComm> comm;
-  poll_until([&] { return comm != nullptr; }, [&] { comm = listener.accept(); }, "accept",
-             timeout);
+  poll_until([&] { return comm != nullptr; }, [&] { comm = listener.accept(); }, "accept", timeout);
   return comm;
 }
 
@@ -39,8 +38,7 @@ inline std::unique_ptr<SendComm> connect_one(Context& context, const Handle& han
                                              std::chrono::seconds timeout = 30s) {
   Connector connector = context.connect(handle);
   std::unique_ptr<SendComm> comm;
-  poll_until([&] { return comm != nullptr; }, [&] { comm = connector.poll(); }, "connect",
-             timeout);
+  poll_until([&] { return comm != nullptr; }, [&] { comm = connector.poll(); }, "connect", timeout);
   return comm;
 }
 
@@ -51,7 +49,10 @@ inline std::size_t finish(Communicator& comm, Request* request, Status expect = 
   std::size_t size = 0;
   Status status = Status::kOk;
   poll_until([&] { return done || status != Status::kOk; },
-             [&] { status = comm.test(request, done, {&size, 1}); }, "request", timeout);
+             [&] {
+               status = comm.test(request, done, {&size, 1});
+             },
+             "request", timeout);
   require(done, "request failed before completing: " + comm.last_error());
   require(status == expect, "request status " + std::string(to_string(status)) + ", expected " +
                                 std::string(to_string(expect)) + ": " + comm.last_error());

@@ -22,10 +22,10 @@ struct TestFabric {
   TestFabric(std::size_t data_rails, std::size_t control_rails, std::size_t cache_entries = 64)
       : nics(ofi::open_nics(Config::from_env())) {
     for (auto& nic : nics) nic_pointers.push_back(nic.get());
-    rails = std::make_unique<ofi::RailSet>(
-        nic_pointers, ofi::RailSetShape{.data_rails = data_rails,
-                                        .control_rails = control_rails,
-                                        .mr_cache_entries = cache_entries});
+    rails = std::make_unique<ofi::RailSet>(nic_pointers,
+                                           ofi::RailSetShape{.data_rails = data_rails,
+                                                             .control_rails = control_rails,
+                                                             .mr_cache_entries = cache_entries});
   }
   [[nodiscard]] const ofi::NicAttributes& nic() const { return nics.front()->attributes(); }
 };

@@ -1,15 +1,15 @@
 #include "two_process.hpp"
 
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <thread>
+
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <cerrno>
-#include <cstdint>
-#include <cstdio>
-#include <thread>
 
 namespace loom::test {
 namespace {
@@ -111,8 +111,9 @@ std::string run_pair(const std::function<void(Channel&)>& parent_role,
     std::this_thread::sleep_for(5ms);
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::string why = WIFSIGNALED(status) ? "child killed by signal " + std::to_string(WTERMSIG(status))
-                                          : "child exited with " + std::to_string(WEXITSTATUS(status));
+    std::string why = WIFSIGNALED(status)
+                          ? "child killed by signal " + std::to_string(WTERMSIG(status))
+                          : "child exited with " + std::to_string(WEXITSTATUS(status));
     return failure + (failure.empty() ? "" : "; ") + why;
   }
   return failure;

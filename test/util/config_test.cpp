@@ -1,6 +1,7 @@
+#include "loom/config.hpp"
+
 #include <catch2/catch.hpp>
 
-#include "loom/config.hpp"
 #include "loom/error.hpp"
 
 namespace loom {
