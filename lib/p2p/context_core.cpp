@@ -171,12 +171,14 @@ void ContextCore::on_connect(std::span<const std::byte> body) {
       util::log().warn("handshake: cannot answer a refused connect: {}", e.what());
     }
   };
-  if (message.magic != kHandleMagic) return refuse(RejectReason::kBadMagic, nullptr);
-  if (message.version != kProtocolVersion) return refuse(RejectReason::kBadVersion, nullptr);
+  // Refusals count against the listener the message names, when there is one.
   auto it = listeners_.find(message.listener);
-  if (it == listeners_.end()) return refuse(RejectReason::kUnknownListener, nullptr);
-  if (message.nonce != it->second->nonce()) return refuse(RejectReason::kBadNonce, it->second);
-  it->second->on_connect(std::move(message));
+  ListenerState* named = it == listeners_.end() ? nullptr : it->second;
+  if (message.magic != kHandleMagic) return refuse(RejectReason::kBadMagic, named);
+  if (message.version != kProtocolVersion) return refuse(RejectReason::kBadVersion, named);
+  if (named == nullptr) return refuse(RejectReason::kUnknownListener, nullptr);
+  if (message.nonce != named->nonce()) return refuse(RejectReason::kBadNonce, named);
+  named->on_connect(std::move(message));
 }
 
 }  // namespace loom::p2p

@@ -9,27 +9,6 @@
 namespace loom::test {
 namespace {
 
-// One message each way between the two comms of a rank, verified.
-void exchange(SendComm& out, RecvComm& in, std::uint64_t out_seed, std::uint64_t in_seed,
-              std::size_t size) {
-  std::vector<std::byte> send_buffer(size), recv_buffer(size);
-  fill_pattern(send_buffer, out_seed);
-  MemoryRegion send_region = out.register_memory(send_buffer.data(), size);
-  MemoryRegion recv_region = in.register_memory(recv_buffer.data(), size);
-  Request* receive = nullptr;
-  Request* send = nullptr;
-  RecvBuffer target{recv_buffer.data(), size, 1, recv_region};
-  require(in.irecv({&target, 1}, receive) == Status::kOk, in.last_error());
-  require(out.isend(send_buffer.data(), size, 1, send_region, send) == Status::kOk,
-          out.last_error());
-  finish(out, send);
-  require(finish(in, receive) == size, "wrong size");
-  auto error = check_pattern(recv_buffer, in_seed);
-  require(error.empty(), error);
-  out.deregister(send_region);
-  in.deregister(recv_region);
-}
-
 // Both ranks listen, swap handles and connect to each other at once, polling connect and
 // accept in turn: neither may wait for the other.
 void simultaneous(Channel& channel, std::uint64_t me, std::uint64_t peer) {

@@ -5,8 +5,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "loom/p2p.hpp"
+#include "support/pattern.hpp"
 #include "support/two_process.hpp"
 
 namespace loom::test {
@@ -57,6 +59,27 @@ inline std::size_t finish(Communicator& comm, Request* request, Status expect = 
   require(status == expect, "request status " + std::string(to_string(status)) + ", expected " +
                                 std::string(to_string(expect)) + ": " + comm.last_error());
   return size;
+}
+
+// One message each way between the two comms of a rank, verified.
+inline void exchange(SendComm& out, RecvComm& in, std::uint64_t out_seed, std::uint64_t in_seed,
+                     std::size_t size) {
+  std::vector<std::byte> send_buffer(size), recv_buffer(size);
+  fill_pattern(send_buffer, out_seed);
+  MemoryRegion send_region = out.register_memory(send_buffer.data(), size);
+  MemoryRegion recv_region = in.register_memory(recv_buffer.data(), size);
+  Request* receive = nullptr;
+  Request* send = nullptr;
+  RecvBuffer target{recv_buffer.data(), size, 1, recv_region};
+  require(in.irecv({&target, 1}, receive) == Status::kOk, in.last_error());
+  require(out.isend(send_buffer.data(), size, 1, send_region, send) == Status::kOk,
+          out.last_error());
+  finish(out, send);
+  require(finish(in, receive) == size, "wrong size");
+  auto error = check_pattern(recv_buffer, in_seed);
+  require(error.empty(), error);
+  out.deregister(send_region);
+  in.deregister(recv_region);
 }
 
 }  // namespace loom::test
