@@ -28,6 +28,7 @@ struct Config {
   unsigned peer_timeout_ms = 10000;     // LOOM_PEER_TIMEOUT_MS
   bool force_flush = false;             // LOOM_FORCE_FLUSH
   std::string topology_xml;             // LOOM_TOPOLOGY_XML
+  std::string gpu;                      // LOOM_GPU
 
   // Reads every LOOM_* variable; unset ones keep their defaults. Throws loom::Error naming
   // the variable and the accepted values when one is invalid, and for unknown LOOM_* names.

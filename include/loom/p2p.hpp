@@ -77,6 +77,7 @@ struct CommStats {
   std::uint64_t rendezvous = 0;  // messages that went by RDMA write
   std::size_t lane_comms = 0;    // communicators sharing this one's lane
   std::uint64_t lane_id = 0;
+  std::vector<std::string> data_nics;  // the NIC of each data rail, in rail order
 };
 
 class Communicator {

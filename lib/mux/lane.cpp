@@ -14,9 +14,11 @@ constexpr std::size_t kMaxComms = std::size_t{1} << kCommIdBits;
 
 }  // namespace
 
-Lane::Lane(std::span<ofi::Nic* const> nics, const LaneShape& shape, LaneKey key, std::uint64_t id)
+Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey key,
+           std::uint64_t id)
     : key_(key), id_(id) {
-  const auto& nic = nics.front()->attributes();
+  if (placement.data.empty()) throw Error("open lane", "", 0, "no data rail placed");
+  const auto& nic = placement.data.front()->attributes();
   if (nic.tag_bits < kUsableTagBits) {
     throw Error("open lane", nic.provider, 0,
                 "the provider offers " + std::to_string(nic.tag_bits) + " tag bits; loom needs " +
@@ -28,10 +30,10 @@ Lane::Lane(std::span<ofi::Nic* const> nics, const LaneShape& shape, LaneKey key,
                     " bytes of remote CQ data; loom needs 4");
   }
   rails_ = std::make_unique<ofi::RailSet>(
-      nics, ofi::RailSetShape{.data_rails = shape.data_rails,
-                              .control_rails = shape.control_rails,
-                              .depths = shape.depths,
-                              .mr_cache_entries = shape.mr_cache_entries});
+      placement, ofi::RailSetShape{.data_rails = placement.data.size(),
+                                   .control_rails = placement.control.size(),
+                                   .depths = shape.depths,
+                                   .mr_cache_entries = shape.mr_cache_entries});
   rails_->set_remote_write_handler(this);
   auto all = rails_->rails();
   control_ = std::make_unique<ControlChannel>(all.subspan(rails_->data_rails()),

@@ -34,7 +34,7 @@ struct LaneKey {
 };
 
 struct LaneShape {
-  std::size_t data_rails = 1;
+  std::size_t data_rails = 1;  // placed by the caller (see LaneRegistry::join_send)
   std::size_t control_rails = 1;
   ofi::RailDepths depths;
   std::size_t mr_cache_entries = 1024;
@@ -58,7 +58,8 @@ struct LaneStats {
 
 class Lane final : ofi::RemoteWriteHandler, ControlSink {
  public:
-  Lane(std::span<ofi::Nic* const> nics, const LaneShape& shape, LaneKey key, std::uint64_t id);
+  // Opens the rails where `placement` puts them; depths and cache size from `shape`.
+  Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey key, std::uint64_t id);
   ~Lane();
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;

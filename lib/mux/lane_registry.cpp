@@ -12,11 +12,15 @@ LaneRegistry::LaneRegistry(std::vector<ofi::Nic*> nics, LaneShape shape, unsigne
 
 LaneRegistry::~LaneRegistry() = default;
 
-Lane& LaneRegistry::join(const LaneKey& key) {
+ofi::RailPlacement LaneRegistry::default_placement() const {
+  return ofi::RailPlacement::round_robin(nics_, shape_.data_rails, shape_.control_rails);
+}
+
+Lane& LaneRegistry::join(const LaneKey& key, const ofi::RailPlacement& placement) {
   Entry& entry = lanes_[key];
   if (!entry.lane) {
     try {
-      entry.lane = std::make_unique<Lane>(nics_, shape_, key, next_lane_id_++);
+      entry.lane = std::make_unique<Lane>(placement, shape_, key, next_lane_id_++);
     } catch (...) {
       lanes_.erase(key);
       throw;
@@ -28,17 +32,18 @@ Lane& LaneRegistry::join(const LaneKey& key) {
   return *entry.lane;
 }
 
-Lane& LaneRegistry::join_send(std::uint64_t peer) {
+Lane& LaneRegistry::join_send(std::uint64_t peer, const ofi::RailPlacement& placement) {
   std::lock_guard lock(mutex_);
   const std::uint64_t ordinal = send_ordinals_[peer]++;
   // Without grouping the ordinal itself keys the lane: never shared.
   const std::uint64_t group = ngroups_ == 0 ? ordinal : ordinal % ngroups_;
-  return join(LaneKey{peer, Direction::kSend, group});
+  return join(LaneKey{peer, Direction::kSend, group}, placement);
 }
 
-Lane& LaneRegistry::join_recv(std::uint64_t peer, std::uint64_t sender_lane) {
+Lane& LaneRegistry::join_recv(std::uint64_t peer, std::uint64_t sender_lane,
+                              const ofi::RailPlacement& placement) {
   std::lock_guard lock(mutex_);
-  return join(LaneKey{peer, Direction::kRecv, sender_lane});
+  return join(LaneKey{peer, Direction::kRecv, sender_lane}, placement);
 }
 
 void LaneRegistry::leave(Lane& lane) {

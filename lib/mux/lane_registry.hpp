@@ -50,10 +50,15 @@ class LaneRegistry {
   LaneRegistry(const LaneRegistry&) = delete;
   LaneRegistry& operator=(const LaneRegistry&) = delete;
 
-  // The lane a new send communicator to `peer` joins. Throws loom::Error if a lane cannot open.
-  Lane& join_send(std::uint64_t peer);
+  // Rails on every NIC in turn: what a lane uses when nothing ties it to particular NICs.
+  [[nodiscard]] ofi::RailPlacement default_placement() const;
+  // The lane a new send communicator to `peer` joins; a lane it opens has its rails where
+  // `placement` says (a peer's lanes all get the same one). Throws loom::Error if a lane cannot
+  // open.
+  Lane& join_send(std::uint64_t peer, const ofi::RailPlacement& placement);
   // The receive lane paired with the sender's lane `sender_lane` of `peer`.
-  Lane& join_recv(std::uint64_t peer, std::uint64_t sender_lane);
+  Lane& join_recv(std::uint64_t peer, std::uint64_t sender_lane,
+                  const ofi::RailPlacement& placement);
   // A communicator is gone from `lane` for good; the last one out closes it.
   void leave(Lane& lane);
 
@@ -66,13 +71,14 @@ class LaneRegistry {
 
   [[nodiscard]] RegistryStats stats() const;
   [[nodiscard]] unsigned ngroups() const noexcept { return ngroups_; }
+  [[nodiscard]] const LaneShape& shape() const noexcept { return shape_; }
 
  private:
   struct Entry {
     std::unique_ptr<Lane> lane;
     std::size_t references = 0;
   };
-  Lane& join(const LaneKey& key);
+  Lane& join(const LaneKey& key, const ofi::RailPlacement& placement);
 
   std::vector<ofi::Nic*> nics_;
   LaneShape shape_;

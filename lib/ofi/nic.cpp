@@ -88,6 +88,9 @@ Nic::Nic(InfoPtr info)
     throw_fi_error("open NIC " + attributes_.domain, "fi_domain", attributes_.provider, rc);
   }
   domain_.reset(domain);
+  if (info_->addr_format == FI_SOCKADDR_IN || info_->addr_format == FI_SOCKADDR_IN6) {
+    subnet_ = Subnet::parse(attributes_.fabric);
+  }
   if (profile_->device_limits != nullptr) {
     if (auto limits = profile_->device_limits(attributes_.domain)) {
       if (limits->max_endpoints != 0) attributes_.max_endpoints = limits->max_endpoints;

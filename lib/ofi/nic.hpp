@@ -5,9 +5,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 
 #include "ofi/fid.hpp"
+#include "ofi/subnet.hpp"
 
 namespace loom::providers {
 struct Profile;
@@ -50,6 +53,13 @@ class Nic {
   [[nodiscard]] const providers::Profile& profile() const noexcept { return *profile_; }
   [[nodiscard]] const fi_info& info() const noexcept { return *info_; }
   [[nodiscard]] fid_domain* domain() const noexcept { return domain_.get(); }
+  // The IP subnet the NIC sits on (from the fabric name), or nullptr where the provider's
+  // addresses are not IP and any NIC reaches any peer.
+  [[nodiscard]] const Subnet* subnet() const noexcept { return subnet_ ? &*subnet_ : nullptr; }
+  // Whether an endpoint address of a peer is on this NIC's subnet (always, without subnets).
+  [[nodiscard]] bool reaches(std::span<const std::byte> peer) const noexcept {
+    return !subnet_ || subnet_->contains(peer);
+  }
 
   // A key unique in this domain, for providers that take the requested key (no FI_MR_PROV_KEY).
   std::uint64_t next_requested_key() noexcept { return next_key_.fetch_add(1); }
@@ -61,6 +71,7 @@ class Nic {
   FidPtr<fid_domain> domain_;
   NicAttributes attributes_;
   const providers::Profile* profile_;
+  std::optional<Subnet> subnet_;
   std::atomic<std::uint64_t> next_key_{1};
 };
 

@@ -20,41 +20,72 @@ RailDepths clamp_depths(const Nic& nic, RailDepths wanted) {
   return clamped;
 }
 
-RailSet::RailSet(std::span<Nic* const> nics, const RailSetShape& shape)
-    : data_rails_(shape.data_rails) {
-  std::string provider = nics.empty() ? "" : nics.front()->attributes().provider;
+RailPlacement RailPlacement::round_robin(std::span<Nic* const> nics, std::size_t data_rails,
+                                         std::size_t control_rails) {
+  RailPlacement placement;
+  if (nics.empty()) return placement;
+  for (std::size_t i = 0; i < data_rails; ++i) placement.data.push_back(nics[i % nics.size()]);
+  for (std::size_t j = 0; j < control_rails; ++j) {
+    placement.control.push_back(nics[j % nics.size()]);
+  }
+  return placement;
+}
+
+namespace {
+std::span<Nic* const> require_nics(std::span<Nic* const> nics) {
   if (nics.empty()) throw Error("open rails", "", 0, "no NIC to open rails on");
-  if (shape.data_rails == 0 || shape.control_rails == 0) {
+  return nics;
+}
+}  // namespace
+
+RailSet::RailSet(std::span<Nic* const> nics, const RailSetShape& shape)
+    : RailSet(RailPlacement::round_robin(require_nics(nics), shape.data_rails, shape.control_rails),
+              shape) {}
+
+RailSet::RailSet(const RailPlacement& placement, const RailSetShape& shape)
+    : data_rails_(placement.data.size()) {
+  const std::size_t total = placement.data.size() + placement.control.size();
+  if (placement.data.empty() || placement.control.empty()) {
+    const std::string provider = total == 0
+                                     ? ""
+                                     : (placement.data.empty() ? placement.control : placement.data)
+                                           .front()
+                                           ->attributes()
+                                           .provider;
     throw Error("open rails", provider, 0,
                 "a rail set needs at least one data rail and one control rail (asked for " +
-                    std::to_string(shape.data_rails) + " data, " +
-                    std::to_string(shape.control_rails) + " control)");
+                    std::to_string(placement.data.size()) + " data, " +
+                    std::to_string(placement.control.size()) + " control)");
   }
-  const std::size_t total = shape.data_rails + shape.control_rails;
-  // Data rail i and control rail j go to NIC i % n and j % n.
-  auto nic_index = [&](std::size_t i) {
-    return (i < shape.data_rails ? i : i - shape.data_rails) % nics.size();
+  auto nic_of = [&](std::size_t i) {
+    return i < data_rails_ ? placement.data[i] : placement.control[i - data_rails_];
   };
   // One CQ per NIC, sized for every rail it serves.
-  std::vector<std::size_t> cq_sizes(nics.size(), 0);
+  std::vector<Nic*> nics;
+  std::vector<std::size_t> cq_of(total);
+  std::vector<std::size_t> cq_sizes;
   std::vector<RailDepths> depths(total);
   for (std::size_t i = 0; i < total; ++i) {
-    depths[i] = clamp_depths(*nics[nic_index(i)], shape.depths);
-    cq_sizes[nic_index(i)] += depths[i].tx + depths[i].rx + Rail::kRxCqDataCredits;
+    Nic* nic = nic_of(i);
+    auto it = std::find(nics.begin(), nics.end(), nic);
+    cq_of[i] = static_cast<std::size_t>(it - nics.begin());
+    if (it == nics.end()) {
+      nics.push_back(nic);
+      cq_sizes.push_back(0);
+    }
+    depths[i] = clamp_depths(*nic, shape.depths);
+    cq_sizes[cq_of[i]] += depths[i].tx + depths[i].rx + Rail::kRxCqDataCredits;
   }
   for (std::size_t n = 0; n < nics.size(); ++n) {
-    cqs_.push_back(cq_sizes[n] != 0 ? std::make_unique<CompletionQueue>(*nics[n], cq_sizes[n])
-                                    : nullptr);
+    cqs_.push_back(std::make_unique<CompletionQueue>(*nics[n], cq_sizes[n]));
   }
   rails_.reserve(total);
   for (std::size_t i = 0; i < total; ++i) {
-    const bool data = i < shape.data_rails;
-    rails_.push_back(std::make_unique<Rail>(*nics[nic_index(i)],
-                                            data ? RailRole::kData : RailRole::kControl, i,
-                                            depths[i], cqs_[nic_index(i)].get()));
+    const bool data = i < data_rails_;
+    rails_.push_back(std::make_unique<Rail>(*nic_of(i), data ? RailRole::kData : RailRole::kControl,
+                                            i, depths[i], cqs_[cq_of[i]].get()));
     rail_pointers_.push_back(rails_.back().get());
   }
-  std::erase(cqs_, nullptr);
   mr_cache_ = std::make_unique<MrCache>(rail_pointers_, shape.mr_cache_entries);
 }
 

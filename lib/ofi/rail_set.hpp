@@ -22,11 +22,23 @@ struct RailSetShape {
   std::size_t mr_cache_entries = 1024;
 };
 
+// The NIC of every rail. Rail i of one side talks to rail i of the other, so on a direct-connect
+// mesh each must sit on the subnet of its counterpart.
+struct RailPlacement {
+  std::vector<Nic*> data;
+  std::vector<Nic*> control;
+  // Data rail i on nics[i % n], control rail j on nics[j % n]: more rails than NICs means
+  // several endpoints per NIC.
+  static RailPlacement round_robin(std::span<Nic* const> nics, std::size_t data_rails,
+                                   std::size_t control_rails);
+};
+
 class RailSet {
  public:
-  // Data rail i goes to nics[i % nics.size()], control rail j to nics[j % nics.size()]: more
-  // rails than NICs means several endpoints per NIC. Throws loom::Error.
+  // Rails placed round robin over `nics` (shape gives the counts). Throws loom::Error.
   RailSet(std::span<Nic* const> nics, const RailSetShape& shape);
+  // Rails where `placement` puts them (shape's counts unused). Throws loom::Error.
+  RailSet(const RailPlacement& placement, const RailSetShape& shape);
   ~RailSet();
   RailSet(const RailSet&) = delete;
   RailSet& operator=(const RailSet&) = delete;

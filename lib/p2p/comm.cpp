@@ -251,6 +251,9 @@ CommStats Comm::stats() const {
   stats.lane_id = lane_->id();
   std::lock_guard lock(lane_->mutex());
   stats.lane_comms = lane_->stats().comms;
+  for (std::size_t i = 0; i < lane_->rails().data_rails(); ++i) {
+    stats.data_nics.push_back(lane_->rails().data(i).nic().attributes().domain);
+  }
   return stats;
 }
 

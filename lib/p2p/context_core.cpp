@@ -34,23 +34,121 @@ ContextCore::ContextCore(const Config& config) : config_(config), rng_(random_se
                        .depths = {depth, depth},
                        .mr_cache_entries = config_.mr_cache_entries};
   lanes_ = std::make_unique<mux::LaneRegistry>(nic_pointers_, shape, config_.ngroups);
-  bootstrap_rail_ = std::make_unique<ofi::Rail>(*nic_pointers_.front(), ofi::RailRole::kControl, 0,
-                                                ofi::RailDepths{kBootstrapDepth, kBootstrapDepth});
-  ofi::Rail* rails[] = {bootstrap_rail_.get()};
+  open_bootstrap_rails();
+}
+
+// One bootstrap endpoint per local subnet, so that a peer on any of them can reach a listener
+// directly (a handle carries up to kMaxHandleAddresses); NICs without subnets share the first.
+// A loopback address means something else on every host: it goes in a handle only when the
+// context has nothing else (single-host runs).
+void ContextCore::open_bootstrap_rails() {
+  const bool only_loopback = std::all_of(nic_pointers_.begin(), nic_pointers_.end(), [](auto* n) {
+    return n->subnet() == nullptr || n->subnet()->loopback();
+  });
+  std::vector<std::string> subnets;
+  for (ofi::Nic* nic : nic_pointers_) {
+    const ofi::Subnet* subnet = nic->subnet();
+    if (!bootstrap_rails_.empty() && subnet == nullptr) continue;
+    if (subnet != nullptr && subnet->loopback() && !only_loopback) continue;
+    if (subnet != nullptr) {
+      if (std::find(subnets.begin(), subnets.end(), subnet->text()) != subnets.end()) continue;
+      if (subnets.size() == kMaxHandleAddresses) {
+        util::log().warn("NIC {} ({}): a handle carries {} subnets; peers reach it routed only",
+                         nic->attributes().domain, subnet->text(), kMaxHandleAddresses);
+        continue;
+      }
+      subnets.push_back(subnet->text());
+    }
+    bootstrap_rails_.push_back(
+        std::make_unique<ofi::Rail>(*nic, ofi::RailRole::kControl, bootstrap_rails_.size(),
+                                    ofi::RailDepths{kBootstrapDepth, kBootstrapDepth}));
+  }
+  std::vector<ofi::Rail*> rails;
+  for (auto& rail : bootstrap_rails_) rails.push_back(rail.get());
   bootstrap_ = std::make_unique<mux::ControlChannel>(rails, *this);
+}
+
+Route ContextCore::route_to(const std::vector<Address>& listener) const {
+  Route route;
+  std::vector<ofi::Nic*> matching;
+  std::string via;
+  bool any_subnet = false;
+  for (std::size_t a = 0; a < listener.size(); ++a) {
+    for (ofi::Nic* nic : nic_pointers_) {
+      const ofi::Subnet* subnet = nic->subnet();
+      any_subnet = any_subnet || subnet != nullptr;
+      if (subnet == nullptr || !subnet->contains(listener[a])) continue;
+      if (std::find(matching.begin(), matching.end(), nic) != matching.end()) continue;
+      if (matching.empty()) route.address = a;
+      matching.push_back(nic);
+      via += (via.empty() ? "" : ", ") + nic->attributes().domain + " (" + subnet->text() +
+             " holds " + ofi::address_text(listener[a]) + ")";
+    }
+  }
+  const auto& shape = lanes_->shape();
+  if (!matching.empty()) {
+    route.bootstrap_rail = bootstrap_rail_for(listener[route.address]);
+    route.placement =
+        ofi::RailPlacement::round_robin(matching, shape.data_rails, shape.control_rails);
+    route.description = "direct over " + via;
+    return route;
+  }
+  route.placement = lanes_->default_placement();
+  if (!any_subnet) {
+    route.description = "over " + nic_pointers_.front()->attributes().domain;
+    return route;
+  }
+  route.direct = false;
+  std::string theirs, ours;
+  for (const Address& a : listener) theirs += (theirs.empty() ? "" : ", ") + ofi::address_text(a);
+  for (const ofi::Nic* nic : nic_pointers_) {
+    ours += (ours.empty() ? "" : ", ") + nic->attributes().domain + " " +
+            (nic->subnet() != nullptr ? nic->subnet()->text() : std::string("(no subnet)"));
+  }
+  route.description = "routed: no local subnet (" + ours + ") holds a listener address (" + theirs +
+                      "); trying " + ofi::address_text(listener.front()) + " from " +
+                      nic_pointers_.front()->attributes().domain;
+  return route;
+}
+
+std::size_t ContextCore::bootstrap_rail_for(std::span<const std::byte> peer) const {
+  for (std::size_t r = 0; r < bootstrap_rails_.size(); ++r) {
+    const ofi::Subnet* subnet = bootstrap_rails_[r]->nic().subnet();
+    if (subnet != nullptr && subnet->contains(peer)) return r;
+  }
+  return 0;  // routed, or no subnets at all
+}
+
+ofi::RailPlacement ContextCore::placement_facing(const LaneAddresses& peer) const {
+  ofi::RailPlacement placement = lanes_->default_placement();
+  auto face = [&](std::vector<ofi::Nic*>& rails, const std::vector<Address>& theirs) {
+    for (std::size_t i = 0; i < rails.size() && i < theirs.size(); ++i) {
+      for (ofi::Nic* nic : nic_pointers_) {
+        if (nic->subnet() != nullptr && nic->subnet()->contains(theirs[i])) {
+          rails[i] = nic;
+          break;
+        }
+      }
+    }
+  };
+  face(placement.data, peer.data);
+  face(placement.control, peer.control);
+  return placement;
 }
 
 ContextCore::~ContextCore() = default;
 
-// Rails are taken from the first NICs: put the ones closest to the calling thread's CPUs first
-// (an order given by LOOM_NICS is kept as the user's choice).
+// Rails are taken from the first NICs: put the ones closest to the GPU (LOOM_GPU) or else to the
+// calling thread's CPUs first (an order given by LOOM_NICS is kept as the user's choice).
 void ContextCore::order_nics_by_locality() {
   const topo::Topology topology(config_.topology_xml);
   std::vector<topo::NicCandidate> candidates;
   for (const ofi::Nic* nic : nic_pointers_) {
     candidates.push_back({nic->attributes().domain, nic->attributes().pci_bus_id});
   }
-  const topo::NicRanking ranking = topo::rank_nics(topology, candidates);
+  const topo::NicRanking ranking = config_.gpu.empty()
+                                       ? topo::rank_nics(topology, candidates)
+                                       : topo::rank_nics_for_gpu(topology, candidates, config_.gpu);
   std::vector<ofi::Nic*> ordered;
   for (const topo::NicLocality& nic : ranking.nics) {
     ordered.push_back(nic_pointers_[nic.index]);
@@ -64,24 +162,28 @@ const std::string& ContextCore::provider() const noexcept {
   return nics_.front()->attributes().provider;
 }
 
-std::span<const std::byte> ContextCore::bootstrap_address() const noexcept {
-  return bootstrap_rail_->address();
+std::span<const std::byte> ContextCore::bootstrap_address(std::size_t rail) const noexcept {
+  return bootstrap_rails_[rail]->address();
 }
 
 void ContextCore::progress_bootstrap() {
-  bootstrap_rail_->progress();
+  for (auto& rail : bootstrap_rails_) rail->progress();
   bootstrap_->retry_reposts();
   flush_outbox();
 }
 
 void ContextCore::send_bootstrap(std::span<const std::byte> peer, MessageType type,
-                                 std::span<const std::byte> body) {
+                                 std::span<const std::byte> body, std::uint32_t connector) {
   std::vector<std::byte> key(peer.begin(), peer.end());
   auto it = bootstrap_peers_.find(key);
   if (it == bootstrap_peers_.end()) {
-    it = bootstrap_peers_.emplace(key, bootstrap_rail_->insert_peer(peer)).first;
+    const std::size_t rail = bootstrap_rail_for(peer);
+    it = bootstrap_peers_
+             .emplace(key, BootstrapPeer{rail, bootstrap_rails_[rail]->insert_peer(peer)})
+             .first;
   }
-  outbox_.push_back(Outgoing{it->second, type, {body.begin(), body.end()}});
+  outbox_.push_back(
+      Outgoing{it->second.rail, it->second.address, type, {body.begin(), body.end()}, connector});
   flush_outbox();
 }
 
@@ -89,11 +191,15 @@ void ContextCore::flush_outbox() {
   while (!outbox_.empty()) {
     Outgoing& next = outbox_.front();
     const Status status =
-        bootstrap_->send(0, next.peer, static_cast<std::uint8_t>(next.type), 0, next.body);
+        bootstrap_->send(next.rail, next.peer, static_cast<std::uint8_t>(next.type), 0, next.body);
     if (status == Status::kRetry) return;
     if (status != Status::kOk) {
+      const std::string& why = bootstrap_rails_[next.rail]->last_error();
       util::log().error("handshake message (type {}) could not be sent: {}",
-                        static_cast<int>(next.type), bootstrap_rail_->last_error());
+                        static_cast<int>(next.type), why);
+      if (auto c = connectors_.find(next.connector); c != connectors_.end()) {
+        c->second->on_send_failed(why);
+      }
     }
     outbox_.pop_front();
   }

@@ -26,6 +26,16 @@ namespace loom::p2p {
 class ListenerState;
 class ConnectorState;
 
+// How a connector reaches a listener: which of the handle's addresses it sends to, from which
+// bootstrap rail, and where its lane's rails go.
+struct Route {
+  std::size_t address = 0;         // index into the handle's addresses
+  std::size_t bootstrap_rail = 0;  // index into the context's bootstrap rails
+  ofi::RailPlacement placement;
+  bool direct = true;       // a local NIC shares a subnet with the listener (or none has subnets)
+  std::string description;  // for logs and errors
+};
+
 class ContextCore final : public mux::ControlSink {
  public:
   explicit ContextCore(const Config& config);
@@ -39,13 +49,22 @@ class ContextCore final : public mux::ControlSink {
   [[nodiscard]] const std::vector<std::string>& localities() const noexcept { return localities_; }
   [[nodiscard]] const std::string& provider() const noexcept;
 
+  // ---- routing on direct-connect meshes ----
+  // Picks the local NICs that share a subnet with the listener's addresses.
+  [[nodiscard]] Route route_to(const std::vector<Address>& listener) const;
+  // Rail i on the local NIC whose subnet holds the peer's rail i (where one does).
+  [[nodiscard]] ofi::RailPlacement placement_facing(const LaneAddresses& peer) const;
+
   // ---- bootstrap (callers hold bootstrap_mutex()) ----
   [[nodiscard]] std::mutex& bootstrap_mutex() noexcept { return bootstrap_mutex_; }
   void progress_bootstrap();
-  [[nodiscard]] std::span<const std::byte> bootstrap_address() const noexcept;
+  // The bootstrap rails' addresses: one per local subnet (one in all without subnets).
+  [[nodiscard]] std::size_t bootstrap_rails() const noexcept { return bootstrap_rails_.size(); }
+  [[nodiscard]] std::span<const std::byte> bootstrap_address(std::size_t rail = 0) const noexcept;
   // Queues a handshake message to `peer`'s bootstrap endpoint; sent as back-pressure allows.
+  // A connect names its connector, which hears of a send the provider refused.
   void send_bootstrap(std::span<const std::byte> peer, MessageType type,
-                      std::span<const std::byte> body);
+                      std::span<const std::byte> body, std::uint32_t connector = 0);
   std::uint32_t add_listener(ListenerState& listener);
   void remove_listener(std::uint32_t id) noexcept;
   std::uint32_t add_connector(ConnectorState& connector);
@@ -57,11 +76,16 @@ class ContextCore final : public mux::ControlSink {
   void on_connect(std::span<const std::byte> body);
   void flush_outbox();
   void order_nics_by_locality();
+  void open_bootstrap_rails();
+  // The bootstrap rail on `peer`'s subnet, else the first.
+  [[nodiscard]] std::size_t bootstrap_rail_for(std::span<const std::byte> peer) const;
 
   struct Outgoing {
+    std::size_t rail;
     ofi::Address peer;
     MessageType type;
     std::vector<std::byte> body;
+    std::uint32_t connector;
   };
 
   Config config_;
@@ -73,10 +97,14 @@ class ContextCore final : public mux::ControlSink {
   std::vector<ofi::Nic*> nic_pointers_;
   std::vector<std::string> localities_;
   std::unique_ptr<mux::LaneRegistry> lanes_;
-  std::unique_ptr<ofi::Rail> bootstrap_rail_;
+  std::vector<std::unique_ptr<ofi::Rail>> bootstrap_rails_;
   std::unique_ptr<mux::ControlChannel> bootstrap_;
   std::mutex bootstrap_mutex_;
-  std::map<std::vector<std::byte>, ofi::Address> bootstrap_peers_;
+  struct BootstrapPeer {
+    std::size_t rail;
+    ofi::Address address;
+  };
+  std::map<std::vector<std::byte>, BootstrapPeer> bootstrap_peers_;
   std::deque<Outgoing> outbox_;
   std::map<std::uint32_t, ListenerState*> listeners_;
   std::map<std::uint32_t, ConnectorState*> connectors_;
@@ -119,10 +147,12 @@ class ConnectorState {
   // From the bootstrap endpoint (bootstrap mutex held).
   void on_accept(AcceptMessage message) { accept_ = std::move(message); }
   void on_reject(RejectMessage message) { reject_ = message; }
+  void on_send_failed(std::string why) { send_error_ = std::move(why); }
 
  private:
   std::shared_ptr<ContextCore> core_;
   HandleData target_;
+  Route route_;
   std::uint32_t id_ = 0;
   std::unique_ptr<Comm> comm_;
   bool sent_ = false;
@@ -130,6 +160,7 @@ class ConnectorState {
   std::chrono::steady_clock::time_point deadline_;
   std::optional<AcceptMessage> accept_;
   std::optional<RejectMessage> reject_;
+  std::optional<std::string> send_error_;
 };
 
 }  // namespace loom::p2p

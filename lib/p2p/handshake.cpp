@@ -35,14 +35,25 @@ ListenerState::ListenerState(std::shared_ptr<ContextCore> core) : core_(std::mov
   nonce_ = core_->random();
   id_ = core_->add_listener(*this);
   HandleData data{.listener = id_, .nonce = nonce_, .context = core_->id(), .addresses = {}};
-  auto address = core_->bootstrap_address();
-  data.addresses.emplace_back(address.begin(), address.end());
-  handle_.size = encode_handle(data, handle_.bytes);
-  if (handle_.size == 0) {
-    core_->remove_listener(id_);
-    throw Error("listen", core_->provider(), 0,
-                "the endpoint address (" + std::to_string(address.size()) +
-                    " bytes) does not fit a " + std::to_string(kMaxHandleBytes) + "-byte handle");
+  // Every local subnet's bootstrap address that fits: four IPv4 or three IPv6 addresses; the
+  // first always goes in (a peer on another subnet can still reach it routed).
+  for (std::size_t rail = 0; rail < core_->bootstrap_rails(); ++rail) {
+    auto address = core_->bootstrap_address(rail);
+    data.addresses.emplace_back(address.begin(), address.end());
+    handle_.size = encode_handle(data, handle_.bytes);
+    if (handle_.size != 0) continue;
+    data.addresses.pop_back();
+    if (data.addresses.empty()) {
+      core_->remove_listener(id_);
+      throw Error("listen", core_->provider(), 0,
+                  "the endpoint address (" + std::to_string(address.size()) +
+                      " bytes) does not fit a " + std::to_string(kMaxHandleBytes) + "-byte handle");
+    }
+    util::log().warn(
+        "listener {}: bootstrap address {} does not fit the handle; peers on its "
+        "subnet connect routed",
+        id_, ofi::address_text(address));
+    handle_.size = encode_handle(data, handle_.bytes);
   }
 }
 
@@ -93,7 +104,8 @@ std::unique_ptr<RecvComm> ListenerState::accept() {
   pending_.pop_front();
   std::unique_ptr<Comm> comm;
   try {
-    mux::Lane& lane = core_->lanes().join_recv(message.context, message.lane.lane);
+    mux::Lane& lane = core_->lanes().join_recv(message.context, message.lane.lane,
+                                               core_->placement_facing(message.lane));
     comm = make_comm<RecvCommImpl>(core_, lane);
     comm->connect_peer(message.lane);
     AcceptMessage accept{
@@ -127,6 +139,9 @@ ConnectorState::ConnectorState(std::shared_ptr<ContextCore> core, const Handle& 
   if (const char* why = decode_handle(handle.view(), target_)) {
     throw Error("connect", core_->provider(), 0, std::string("bad handle: ") + why);
   }
+  route_ = core_->route_to(target_.addresses);
+  util::log().info("connect to listener {} of context {:x}: {}", target_.listener, target_.context,
+                   route_.description);
   std::lock_guard lock(core_->bootstrap_mutex());
   id_ = core_->add_connector(*this);
 }
@@ -142,9 +157,9 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
   if (done_) return nullptr;
   std::unique_lock lock(core_->bootstrap_mutex());
   if (!sent_) {
-    mux::Lane& lane = core_->lanes().join_send(target_.context);
+    mux::Lane& lane = core_->lanes().join_send(target_.context, route_.placement);
     comm_ = make_comm<SendCommImpl>(core_, lane);
-    auto reply_to = core_->bootstrap_address();
+    auto reply_to = core_->bootstrap_address(route_.bootstrap_rail);
     ConnectMessage message{.listener = target_.listener,
                            .nonce = target_.nonce,
                            .context = core_->id(),
@@ -154,7 +169,8 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
     std::byte body[kHandshakeBytes];
     const std::size_t length = encode_connect(message, body);
     if (length == 0) throw Error("connect", core_->provider(), 0, "lane addresses do not fit");
-    core_->send_bootstrap(target_.addresses.front(), MessageType::kConnect, {body, length});
+    core_->send_bootstrap(target_.addresses[route_.address], MessageType::kConnect, {body, length},
+                          id_);
     sent_ = true;
   }
   core_->progress_bootstrap();
@@ -166,6 +182,10 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
   };
   if (reject_)
     fail(ECONNREFUSED, std::string("refused by the listener: ") + to_string(reject_->reason));
+  if (send_error_) {
+    fail(EHOSTUNREACH,
+         "the connect could not be sent (" + *send_error_ + "), " + route_.description);
+  }
   if (accept_) {
     comm_->connect_peer(accept_->lane);
     done_ = true;
@@ -173,7 +193,8 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
   }
   if (std::chrono::steady_clock::now() > deadline_) {
     fail(ETIMEDOUT, "no answer from the listener within LOOM_CONNECT_TIMEOUT_MS (" +
-                        std::to_string(core_->config().connect_timeout_ms) + " ms)");
+                        std::to_string(core_->config().connect_timeout_ms) + " ms), " +
+                        route_.description);
   }
   return nullptr;
 }

@@ -176,6 +176,9 @@ constexpr Row kTable[] = {
    Flag<&Config::force_flush>::set, Flag<&Config::force_flush>::check},
   {{"LOOM_TOPOLOGY_XML", "", "hwloc XML topology to use instead of this machine's"},
    Text<&Config::topology_xml>::set, Text<&Config::topology_xml>::check},
+  {{"LOOM_GPU", "", "PCI bus id of the GPU this process drives (0000:13:00.0): NICs closest to "
+    "it become the rails; empty = closest to the calling thread's CPUs"},
+   Text<&Config::gpu>::set, Text<&Config::gpu>::check},
 };
 // clang-format on
 
