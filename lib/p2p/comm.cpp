@@ -14,6 +14,9 @@ namespace {
 // How long close() waits for the provider to hand back operations of the communicator before
 // leaving them to the lane (freed when its endpoints close).
 constexpr auto kCloseDrain = std::chrono::milliseconds(200);
+// Unfinished test() calls between looks at the clock for the peer's liveness.
+constexpr unsigned kPollsPerLivenessCheck = 256;
+static_assert((kPollsPerLivenessCheck & (kPollsPerLivenessCheck - 1)) == 0);
 
 }  // namespace
 
@@ -133,6 +136,11 @@ Status Comm::reject(Status status, std::string text) {
 Request* Comm::allocate(RequestKind kind) {
   if (free_requests_.empty()) [[unlikely]]
     return nullptr;
+  // The peer's silence counts only while something waits on it.
+  if (free_requests_.size() == requests_.size()) {
+    last_heard_ = std::chrono::steady_clock::now();
+    next_ping_ = last_heard_ + std::chrono::milliseconds(core_->config().peer_timeout_ms / 4);
+  }
   Request& r = requests_[free_requests_.back()];
   free_requests_.pop_back();
   r.kind = kind;
@@ -204,6 +212,8 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
   // providers) for requests still pending.
   const std::size_t handled = finished(*request) ? 1 : lane_->progress();
   if (!finished(*request)) {
+    if ((++liveness_polls_ & (kPollsPerLivenessCheck - 1)) == 0) [[unlikely]]
+      check_peer();
     lock.unlock();
     // Our lane had nothing to do: now and then give another a turn (see
     // LaneRegistry::progress_another). Not every time: on shm each poll contends for the
@@ -231,18 +241,48 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
   return status;
 }
 
+// A dead peer fails the request through check_peer(), so waiting is just testing.
 Status Comm::wait(Request* request, std::span<std::size_t> sizes) {
-  const auto timeout = std::chrono::milliseconds(core_->config().peer_timeout_ms);
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (unsigned spins = 0;; ++spins) {
+  for (;;) {
     bool done = false;
-    Status status = test(request, done, sizes);
+    const Status status = test(request, done, sizes);
     if (done || status != Status::kOk) return status;
-    // Check the clock now and then, not on every poll.
-    if ((spins & 1023) == 1023 && std::chrono::steady_clock::now() > deadline) {
-      return reject(Status::kPeerError, "wait: no completion within LOOM_PEER_TIMEOUT_MS (" +
-                                            std::to_string(timeout.count()) + " ms)");
-    }
+  }
+}
+
+void Comm::peer_lost(std::string why, bool warn) {
+  if (peer_closed_) return;
+  peer_closed_ = true;
+  peer_gone_ = std::move(why);
+  if (warn) util::log().warn("comm {} on lane {}: {}", id_, lane_->id(), peer_gone_);
+  fail_all(Status::kPeerError, peer_gone_);
+}
+
+bool Comm::on_liveness(const mux::ControlHeader& header) {
+  last_heard_ = std::chrono::steady_clock::now();
+  const auto type = static_cast<MessageType>(header.type);
+  if (type == MessageType::kPing) {
+    // Lost to back-pressure, the next ping asks again.
+    if (!closed_ && !peer_control_.empty()) send_control(MessageType::kPong, 0, {});
+    return true;
+  }
+  return type == MessageType::kPong;
+}
+
+void Comm::check_peer() {
+  if (peer_closed_ || closed_ || peer_control_.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  const auto timeout = std::chrono::milliseconds(core_->config().peer_timeout_ms);
+  if (now - last_heard_ > timeout) {
+    peer_lost("no sign of life from the peer for LOOM_PEER_TIMEOUT_MS (" +
+              std::to_string(timeout.count()) + " ms): taken as dead");
+    return;
+  }
+  if (now < next_ping_) return;
+  next_ping_ = now + timeout / 4;
+  const Status status = send_control(MessageType::kPing, 0, {});
+  if (status != Status::kOk && status != Status::kRetry) {
+    peer_lost("the peer is unreachable (" + last_error_ + ")");
   }
 }
 

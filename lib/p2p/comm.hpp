@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -78,6 +79,14 @@ class Comm : public mux::CommPort {
   Status send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body);
   // Every request fails with `status`/`text`; posted receives are cancelled.
   void fail_all(Status status, const std::string& text);
+  // The peer is gone (closed, dead or unreachable): every request fails, new ones are refused.
+  void peer_lost(std::string why, bool warn = true);
+  // Pings and pongs: true when `header` was one (and consumed). Anything from the peer is a
+  // sign of life.
+  bool on_liveness(const mux::ControlHeader& header);
+  // While requests wait on the peer: pings it every LOOM_PEER_TIMEOUT_MS / 4 and declares it
+  // lost when nothing came back for LOOM_PEER_TIMEOUT_MS (or a ping cannot be sent).
+  void check_peer();
 
   // Posts whatever `request` is ready for; queues it for retry on back-pressure.
   virtual void advance(Request& request) = 0;
@@ -106,7 +115,11 @@ class Comm : public mux::CommPort {
   std::vector<ofi::Address> peer_control_;
   std::size_t eager_max_;
   bool closed_ = false;
-  bool peer_closed_ = false;
+  bool peer_closed_ = false;  // closed, dead or unreachable: peer_gone_ says which
+  std::string peer_gone_;
+  std::chrono::steady_clock::time_point last_heard_;
+  std::chrono::steady_clock::time_point next_ping_;
+  unsigned liveness_polls_ = 0;
   std::vector<Registration> registrations_;
   std::vector<std::uint32_t> free_registrations_;
   std::vector<Request> requests_;

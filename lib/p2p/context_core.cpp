@@ -182,26 +182,42 @@ void ContextCore::send_bootstrap(std::span<const std::byte> peer, MessageType ty
              .emplace(key, BootstrapPeer{rail, bootstrap_rails_[rail]->insert_peer(peer)})
              .first;
   }
-  outbox_.push_back(
-      Outgoing{it->second.rail, it->second.address, type, {body.begin(), body.end()}, connector});
+  const auto expires =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.connect_timeout_ms);
+  outbox_.push_back(Outgoing{
+      it->second.rail, it->second.address, type, {body.begin(), body.end()}, connector, expires});
   flush_outbox();
 }
 
+// A peer that cannot take a message (dead, or not yet connected) holds back only its own
+// messages; they are dropped once older than the connect timeout, for nobody waits on them.
 void ContextCore::flush_outbox() {
-  while (!outbox_.empty()) {
-    Outgoing& next = outbox_.front();
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::pair<std::size_t, ofi::Address>> blocked;
+  for (auto it = outbox_.begin(); it != outbox_.end();) {
+    const auto peer = std::pair{it->rail, it->peer};
+    if (std::find(blocked.begin(), blocked.end(), peer) != blocked.end()) {
+      ++it;
+      continue;
+    }
     const Status status =
-        bootstrap_->send(next.rail, next.peer, static_cast<std::uint8_t>(next.type), 0, next.body);
-    if (status == Status::kRetry) return;
+        bootstrap_->send(it->rail, it->peer, static_cast<std::uint8_t>(it->type), 0, it->body);
+    if (status == Status::kRetry && now < it->expires) {
+      blocked.push_back(peer);
+      ++it;
+      continue;
+    }
     if (status != Status::kOk) {
-      const std::string& why = bootstrap_rails_[next.rail]->last_error();
+      const std::string why = status == Status::kRetry
+                                  ? std::string("the peer took nothing within the connect timeout")
+                                  : bootstrap_rails_[it->rail]->last_error();
       util::log().error("handshake message (type {}) could not be sent: {}",
-                        static_cast<int>(next.type), why);
-      if (auto c = connectors_.find(next.connector); c != connectors_.end()) {
+                        static_cast<int>(it->type), why);
+      if (auto c = connectors_.find(it->connector); c != connectors_.end()) {
         c->second->on_send_failed(why);
       }
     }
-    outbox_.pop_front();
+    it = outbox_.erase(it);
   }
 }
 
@@ -223,6 +239,8 @@ std::uint32_t ContextCore::add_connector(ConnectorState& connector) {
 
 void ContextCore::remove_connector(std::uint32_t id) noexcept {
   connectors_.erase(id);
+  // Its connect, if still queued, is moot.
+  std::erase_if(outbox_, [id](const Outgoing& o) { return o.connector == id; });
 }
 
 void ContextCore::on_control(const mux::ControlHeader& header, std::span<const std::byte> body) {

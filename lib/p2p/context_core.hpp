@@ -86,6 +86,7 @@ class ContextCore final : public mux::ControlSink {
     MessageType type;
     std::vector<std::byte> body;
     std::uint32_t connector;
+    std::chrono::steady_clock::time_point expires;
   };
 
   Config config_;

@@ -27,6 +27,8 @@ enum class MessageType : std::uint8_t {
   kClearToSend = 16,  // receiver -> sender: buffers posted for these sequence numbers
   kReadyToSend = 17,  // sender -> receiver: a rendezvous message of this size is coming
   kClose = 18,        // either way: the peer closed this communicator
+  kPing = 19,         // either way, while requests wait on the peer: are you there?
+  kPong = 20,         // the answer (sent by the lane's progress, whatever the peer is doing)
 };
 
 inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"

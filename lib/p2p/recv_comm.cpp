@@ -18,7 +18,7 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "irecv on a closed communicator");
   if (peer_closed_) [[unlikely]] {
-    return reject(Status::kPeerError, "irecv: the peer closed the communicator");
+    return reject(Status::kPeerError, "irecv: " + peer_gone_);
   }
   if (buffers.empty() || buffers.size() > kMaxParts) [[unlikely]] {
     return reject(Status::kInvalid, "irecv takes 1 to " + std::to_string(kMaxParts) +
@@ -319,13 +319,13 @@ void RecvCommImpl::apply_ready_to_send(Request& r, std::size_t i, const RtsEntry
 }
 
 void RecvCommImpl::on_control(const mux::ControlHeader& header, std::span<const std::byte> body) {
+  if (on_liveness(header)) return;
   switch (static_cast<MessageType>(header.type)) {
     case MessageType::kReadyToSend:
       on_ready_to_send(body);
       return;
     case MessageType::kClose:
-      peer_closed_ = true;
-      fail_all(Status::kPeerError, "the peer closed the communicator");
+      peer_lost("the peer closed the communicator", false);
       return;
     default:
       util::log().warn("comm {} on lane {}: unexpected control message type {} dropped", id_,

@@ -36,7 +36,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "isend on a closed communicator");
   if (peer_closed_) [[unlikely]] {
-    return reject(Status::kPeerError, "isend: the peer closed the communicator");
+    return reject(Status::kPeerError, "isend: " + peer_gone_);
   }
   const ofi::MemoryRegistration* registration = nullptr;
   if (size != 0) {
@@ -214,10 +214,10 @@ void SendCommImpl::on_op(Request& r, std::size_t, const ofi::Completion& complet
 }
 
 void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const std::byte> body) {
+  if (on_liveness(header)) return;
   const auto type = static_cast<MessageType>(header.type);
   if (type == MessageType::kClose) {
-    peer_closed_ = true;
-    fail_all(Status::kPeerError, "the peer closed the communicator");
+    peer_lost("the peer closed the communicator", false);
     return;
   }
   const CtsReader cts(type == MessageType::kClearToSend ? body : std::span<const std::byte>{});

@@ -70,9 +70,10 @@ class Mesh {
               "configuring " + ifname + " failed");
     }
     // A veth has carrier (and libfabric lists it) a moment after both ends are up.
-    for (const auto& [ns, ifname] : {std::pair{na, a_if}, std::pair{nb, b_if}}) {
-      poll_until([&] { return link_state(ns, ifname).find("state UP") != std::string::npos; },
-                 [] { std::this_thread::sleep_for(10ms); }, ifname + " coming up", 10s);
+    for (const auto& end : {std::pair{na, a_if}, std::pair{nb, b_if}}) {
+      poll_until(
+          [&] { return link_state(end.first, end.second).find("state UP") != std::string::npos; },
+          [] { std::this_thread::sleep_for(10ms); }, end.second + " coming up", 10s);
     }
   }
   [[nodiscard]] const std::string& name(const std::string& host) const { return names_.at(host); }
