@@ -98,7 +98,6 @@ Route ContextCore::route_to(const std::vector<Address>& listener) const {
     route.description = "over " + nic_pointers_.front()->attributes().domain;
     return route;
   }
-  route.direct = false;
   std::string theirs, ours;
   for (const Address& a : listener) theirs += (theirs.empty() ? "" : ", ") + ofi::address_text(a);
   for (const ofi::Nic* nic : nic_pointers_) {

@@ -32,7 +32,6 @@ struct Route {
   std::size_t address = 0;         // index into the handle's addresses
   std::size_t bootstrap_rail = 0;  // index into the context's bootstrap rails
   ofi::RailPlacement placement;
-  bool direct = true;       // a local NIC shares a subnet with the listener (or none has subnets)
   std::string description;  // for logs and errors
 };
 
