@@ -287,9 +287,11 @@ void Comm::check_peer() {
 }
 
 CommStats Comm::stats() const {
+  // Under the lane lock: completions of this communicator's receives (eager and rendezvous
+  // counts) may be handled by another thread progressing the shared lane.
+  std::lock_guard lock(lane_->mutex());
   CommStats stats = stats_;
   stats.lane_id = lane_->id();
-  std::lock_guard lock(lane_->mutex());
   stats.lane_comms = lane_->stats().comms;
   for (std::size_t i = 0; i < lane_->rails().data_rails(); ++i) {
     stats.data_nics.push_back(lane_->rails().data(i).nic().attributes().domain);
