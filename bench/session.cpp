@@ -195,16 +195,24 @@ void Session::bandwidth(std::size_t size, std::size_t count, bool timed, Figures
   const bool sends = options_.is_client() || options_.bidir;
   const bool receives = !options_.is_client() || options_.bidir;
   std::vector<Pending> pending;
+  std::vector<Pending> ahead;  // the server's next window, posted before its ack
   pending.reserve(2 * options_.window + 1);
+  ahead.reserve(options_.window);
   oob_.sync();
   const auto start = Clock::now();
   for (std::size_t done = 0; done < count;) {
     const std::size_t n = std::min(options_.window, count - done);
     if (!options_.bidir && options_.is_client()) post_ack(false, pending);
-    if (receives) post_receives(message_ + done, n, size, pending);
+    if (receives && ahead.empty()) post_receives(message_ + done, n, size, pending);
+    pending.insert(pending.end(), ahead.begin(), ahead.end());
+    ahead.clear();
     if (sends) post_sends(message_ + done, n, size, pending);
     wait_all(pending);
     if (!options_.bidir && !options_.is_client()) {
+      // The next window's buffers are posted before the ack that releases its sends, as an
+      // application that knows what comes next would: eager sends go once their buffer is.
+      const std::size_t next = std::min(options_.window, count - done - n);
+      if (next > 0) post_receives(message_ + done + n, next, size, ahead);
       post_ack(true, pending);
       wait_all(pending);
     }
@@ -242,6 +250,7 @@ void Session::pingpong(std::size_t size, std::size_t count, Figures& figures) {
   std::vector<double> one_way;
   one_way.reserve(count);
   std::vector<Pending> pending;
+  std::vector<Pending> ahead;
   oob_.sync();
   for (std::size_t k = 0; k < count; ++k) {
     const std::size_t index = message_ + k;
@@ -254,10 +263,13 @@ void Session::pingpong(std::size_t size, std::size_t count, Figures& figures) {
       one_way.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() /
                         2);
     } else {
-      post_receives(index, 1, size, pending);
+      // The next ping's buffer is posted before this reply goes, so the ping never waits.
+      if (k == 0) post_receives(index, 1, size, pending);
       wait_all(pending);
+      if (k + 1 < count) post_receives(index + 1, 1, size, ahead);
       post_sends(index, 1, size, pending);
       wait_all(pending);
+      pending.swap(ahead);
     }
   }
   message_ += count;

@@ -1,5 +1,6 @@
 #include "mux/control_channel.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "ofi/memory_registration.hpp"
@@ -35,21 +36,35 @@ std::optional<ControlHeader> decode_control_header(std::span<const std::byte> me
   return header;
 }
 
+namespace {
+
+// A provider whose receive queue is shallower than kRxSlotsPerRail (FI_SHM_RX_SIZE,
+// FI_OFI_RXM_RX_SIZE or a device limit; the rails' depths are clamped to it) refused the
+// receives beyond it, and opening the channel failed with an empty reason. Post what fits.
+std::size_t receive_slots(std::span<ofi::Rail* const> rails) {
+  std::size_t slots = ControlChannel::kRxSlotsPerRail;
+  for (const ofi::Rail* rail : rails) slots = std::min(slots, rail->depths().rx);
+  return std::max<std::size_t>(slots, 1);
+}
+
+}  // namespace
+
 ControlChannel::ControlChannel(std::span<ofi::Rail* const> rails, ControlSink& sink)
     : rails_(rails.begin(), rails.end()),
       sink_(&sink),
-      rx_slab_(std::make_unique<std::byte[]>(rails.size() * kRxSlotsPerRail * kMaxControlMessage)),
+      rx_per_rail_(receive_slots(rails)),
+      rx_slab_(std::make_unique<std::byte[]>(rails.size() * rx_per_rail_ * kMaxControlMessage)),
       tx_slab_(std::make_unique<std::byte[]>(kTxSlots * kMaxControlMessage)) {
   rx_registration_ = std::make_unique<ofi::MemoryRegistration>(
-      rails_, rx_slab_.get(), rails.size() * kRxSlotsPerRail * kMaxControlMessage);
+      rails_, rx_slab_.get(), rails.size() * rx_per_rail_ * kMaxControlMessage);
   tx_registration_ = std::make_unique<ofi::MemoryRegistration>(rails_, tx_slab_.get(),
                                                                kTxSlots * kMaxControlMessage);
-  rx_slots_.resize(rails.size() * kRxSlotsPerRail);
+  rx_slots_.resize(rails.size() * rx_per_rail_);
   reposts_.reserve(rx_slots_.size());
   for (std::uint32_t i = 0; i < rx_slots_.size(); ++i) {
     rx_slots_[i] = Slot{.op = {.handler = this},
                         .receive = true,
-                        .rail = static_cast<std::uint32_t>(i / kRxSlotsPerRail),
+                        .rail = static_cast<std::uint32_t>(i / rx_per_rail_),
                         .index = i};
   }
   tx_slots_.resize(kTxSlots);

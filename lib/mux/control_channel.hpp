@@ -56,6 +56,7 @@ struct ControlStats {
 
 class ControlChannel final : ofi::CompletionHandler {
  public:
+  // Receives kept posted per rail: this many, or fewer when a rail's receive queue is smaller.
   static constexpr std::size_t kRxSlotsPerRail = 64;
   static constexpr std::size_t kTxSlots = 64;
 
@@ -93,6 +94,7 @@ class ControlChannel final : ofi::CompletionHandler {
 
   std::vector<ofi::Rail*> rails_;
   ControlSink* sink_;
+  std::size_t rx_per_rail_;  // before rx_slab_, which it sizes
   std::unique_ptr<std::byte[]> rx_slab_;
   std::unique_ptr<std::byte[]> tx_slab_;
   std::vector<Slot> rx_slots_;

@@ -35,6 +35,12 @@ Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey 
                                    .depths = shape.depths,
                                    .mr_cache_entries = shape.mr_cache_entries});
   rails_->set_remote_write_handler(this);
+  for (std::size_t i = 0; i < rails_->data_rails(); ++i) {
+    const std::size_t depth = rails_->data(i).depths().rx;
+    const std::size_t reserve = std::max<std::size_t>(depth / 4, 1);
+    receives_posted_.push_back(0);
+    receive_limit_.push_back(std::max<std::size_t>(depth - std::min(reserve, depth), 1));
+  }
   auto all = rails_->rails();
   control_ = std::make_unique<ControlChannel>(all.subspan(rails_->data_rails()),
                                               static_cast<ControlSink&>(*this));

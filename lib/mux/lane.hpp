@@ -88,6 +88,19 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
 
   [[nodiscard]] LaneStats stats() const noexcept;
 
+  // Eager flow control. Providers buffer messages that arrive before their receive in a
+  // bounded pool (shm 1.17 draws them from the rx-depth entries posted receives use; rxm from
+  // its rx buffers): when it is full, the messages for posted receives queue behind them and
+  // the endpoint deadlocks (several comms on one lane, or small queues). So an eager message
+  // waits for the receiver's clear-to-send, sent once its receive is posted, and a receive lane
+  // keeps a quarter of each data rail's entries free of posted receives. A receiver that posts
+  // ahead (NCCL-style) costs nothing; one that posts late costs a one-way control message.
+  [[nodiscard]] bool may_post_receive(std::size_t rail) const noexcept {
+    return receives_posted_[rail] < receive_limit_[rail];
+  }
+  void receive_posted(std::size_t rail) noexcept { ++receives_posted_[rail]; }
+  void receive_finished(std::size_t rail) noexcept { --receives_posted_[rail]; }
+
  private:
   void on_remote_write(std::uint64_t data) override;
   void on_control(const ControlHeader& header, std::span<const std::byte> body) override;
@@ -107,6 +120,8 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   std::map<std::pair<std::size_t, std::vector<std::byte>>, ofi::Address> peers_;
   std::mutex mutex_;
   LaneStats stats_;
+  std::vector<std::size_t> receives_posted_;  // per data rail
+  std::vector<std::size_t> receive_limit_;    // per data rail
 };
 
 }  // namespace loom::mux

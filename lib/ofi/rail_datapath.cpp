@@ -17,7 +17,12 @@
 namespace loom::ofi {
 
 Status Rail::post_failed(const char* call, long rc) {
-  if (rc == -FI_EAGAIN) return Status::kRetry;
+  // A full queue is back-pressure: the caller posts again after progress. shm (libfabric 1.17)
+  // says so with -FI_ENOMEM when its receive entries (as many as the rail's rx depth) are all
+  // posted, where rxm says -FI_EAGAIN; taking it as an error failed receives that loom's API
+  // allows (128 requests of 8 buffers on one communicator) whenever more than the depth were
+  // posted on a rail at once.
+  if (rc == -FI_EAGAIN || rc == -FI_ENOMEM) return Status::kRetry;
   ++stats_.errors;
   last_error_ = std::string(call) + " on " + describe() + ": " + fi_error_text(rc);
   util::log().error("{}", last_error_);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "ofi/rail_set.hpp"
 #include "ofi/selection.hpp"
 #include "topo/nic_rank.hpp"
 #include "util/log.hpp"
@@ -59,9 +60,11 @@ void ContextCore::open_bootstrap_rails() {
       }
       subnets.push_back(subnet->text());
     }
-    bootstrap_rails_.push_back(
-        std::make_unique<ofi::Rail>(*nic, ofi::RailRole::kControl, bootstrap_rails_.size(),
-                                    ofi::RailDepths{kBootstrapDepth, kBootstrapDepth}));
+    // Clamped like the lanes' rails: a depth beyond the provider's limit made fi_endpoint fail
+    // with a bare "No data available".
+    bootstrap_rails_.push_back(std::make_unique<ofi::Rail>(
+        *nic, ofi::RailRole::kControl, bootstrap_rails_.size(),
+        ofi::clamp_depths(*nic, ofi::RailDepths{kBootstrapDepth, kBootstrapDepth})));
   }
   std::vector<ofi::Rail*> rails;
   for (auto& rail : bootstrap_rails_) rails.push_back(rail.get());

@@ -104,43 +104,79 @@ void RecvCommImpl::advance(Request& r) {
     }
     return;
   }
-  for (std::size_t i = 0; i < r.part_count; ++i) post_receive(r, i);
+  post_in_order();
   if (!r.cts_queued) announce(r);
 }
 
-void RecvCommImpl::post_receive(Request& r, std::size_t i) {
+// Receives go to the provider in sequence order, the order the sender sends in. When the
+// provider's queue is full, later buffers wait behind earlier ones: a queue whose entries were
+// taken by receives for messages far ahead (a newer irecv finding an entry free while older
+// ones waited for a retry) held none for the messages the sender could send, and both sides
+// stopped.
+void RecvCommImpl::post_in_order() {
+  while (post_next_ != next_seq_) {
+    const Slot& slot = by_seq_[post_next_ % kSeqWindow];
+    Request* r = slot.request;
+    if (r != nullptr && r->in_use && r->kind == RequestKind::kRecv && slot.part < r->part_count &&
+        r->parts[slot.part].seq == post_next_) {
+      if (!post_receive(*r, slot.part)) return;  // queued for retry: resumes here
+      if (!r->cts_queued) announce(*r);
+    }
+    ++post_next_;
+  }
+}
+
+bool RecvCommImpl::post_receive(Request& r, std::size_t i) {
   Part& part = r.parts[i];
-  if (part.recv_posted || part.rendezvous || part.done) return;
+  if (part.recv_posted || part.rendezvous || part.done) return true;
   const std::size_t rail = part.seq % data_rails_;
   ofi::Rail& data_rail = lane_->rails().data(rail);
-  const Status status = data_rail.tagged_recv(
-      part.data, part.size, part.registration ? part.registration->desc(rail) : nullptr,
-      mux::encode_tag({mux::TagKind::kEager, id_, part.seq}), 0, &r.ops[i]);
+  // Leaves room for eager messages sent ahead of their clear-to-send (Lane::may_post_receive).
+  const Status status =
+      !lane_->may_post_receive(rail)
+          ? Status::kRetry
+          : data_rail.tagged_recv(
+                part.data, part.size, part.registration ? part.registration->desc(rail) : nullptr,
+                mux::encode_tag({mux::TagKind::kEager, id_, part.seq}), 0, &r.ops[i]);
   if (status == Status::kOk) {
     part.recv_posted = part.recv_outstanding = true;
     ++r.ops_outstanding;
+    lane_->receive_posted(rail);
   } else if (status == Status::kRetry) {
     queue_retry(r);
+    return false;
   } else {
     part.status = Status::kError;
     part.done = true;
     r.fail(Status::kError, "irecv: " + data_rail.last_error());
   }
+  return true;
 }
 
+// A buffer is announced only once the provider holds its eager receive (or it needs none: its
+// message comes by rendezvous, or the buffer already failed); the sender sends eagerly only
+// after the announcement (see SendCommImpl::advance). So an eager message never arrives before
+// its receive and never occupies a provider queue entry that posted receives need. Buffers
+// whose receive waits for room in the provider's queue are announced when it is posted.
 void RecvCommImpl::announce(Request& r) {
   if (batch_limit_ == 0) {
     batch_limit_ = max_cts_entries(data_rails_);
     batched_.reserve(batch_limit_);
   }
-  if (batch_.count + r.part_count > batch_limit_) flush_control();
-  if (batch_.count + r.part_count > batch_limit_) {
-    queue_retry(r);  // the batch is stuck behind back-pressure: try again later
-    return;
-  }
-  batch_.data_rails = static_cast<std::uint8_t>(data_rails_);
+  bool all = true;
   for (std::size_t i = 0; i < r.part_count; ++i) {
-    const Part& part = r.parts[i];
+    Part& part = r.parts[i];
+    if (part.announced) continue;
+    if (!part.recv_posted && !part.rendezvous && !part.done) {
+      all = false;  // retried with the receive (post_receive queued the request)
+      continue;
+    }
+    if (batch_.count == batch_limit_) flush_control();
+    if (batch_.count == batch_limit_) {
+      queue_retry(r);  // the batch is stuck behind back-pressure: try again later
+      return;
+    }
+    batch_.data_rails = static_cast<std::uint8_t>(data_rails_);
     CtsEntry& entry = batch_.entries[batch_.count++];
     entry.seq = part.seq;
     entry.size = part.size;
@@ -150,10 +186,11 @@ void RecvCommImpl::announce(Request& r) {
       entry.address = part.registration->remote_address(part.data);
       for (std::size_t k = 0; k < data_rails_; ++k) entry.keys[k] = part.registration->key(k);
     }
+    part.announced = true;
+    batched_.push_back({&r, static_cast<std::uint8_t>(i)});
+    schedule_flush();
   }
-  r.cts_queued = true;
-  batched_.push_back(&r);
-  schedule_flush();
+  r.cts_queued = all;
 }
 
 void RecvCommImpl::flush_control() {
@@ -171,13 +208,20 @@ void RecvCommImpl::flush_control() {
     schedule_flush();
     return;
   }
-  for (Request* r : batched_) {
-    r->cts_sent = true;
+  for (const Announced& a : batched_) {
+    Request& r = *a.request;
+    if (r.cts_sent) continue;  // failed through an earlier entry
+    r.parts[a.part].told = true;
     if (status != Status::kOk) {
-      // The sender cannot learn of these buffers: fail what has not arrived yet.
-      r->fail(Status::kError, "irecv: " + last_error_);
-      cancel(*r);
+      // The sender cannot learn of these buffers: fail what has not arrived yet, and announce
+      // no more of them.
+      r.fail(Status::kError, "irecv: " + last_error_);
+      r.cts_queued = r.cts_sent = true;
+      cancel(r);
+      continue;
     }
+    r.cts_sent = r.cts_queued;
+    for (std::size_t i = 0; i < r.part_count && r.cts_sent; ++i) r.cts_sent = r.parts[i].told;
   }
   batch_.count = 0;
   batched_.clear();
@@ -202,6 +246,7 @@ void RecvCommImpl::on_op(Request& r, std::size_t i, const ofi::Completion& compl
   Part& part = r.parts[i];
   --r.ops_outstanding;
   part.recv_outstanding = false;
+  if (r.kind != RequestKind::kFlush) lane_->receive_finished(part.seq % data_rails_);
   if (r.kind == RequestKind::kFlush) {
     if (completion.status != Status::kOk) {
       r.fail(Status::kError, "iflush: " + std::string(completion.error_text));

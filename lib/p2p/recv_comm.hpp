@@ -25,12 +25,22 @@ class RecvCommImpl final : public Comm {
     Request* request = nullptr;
     std::uint8_t part = 0;
   };
+  // A buffer in the clear-to-send batch.
+  struct Announced {
+    Request* request = nullptr;
+    std::uint8_t part = 0;
+  };
 
   void advance(Request& request) override;
   void cancel(Request& request) override;
   void flush_control() override;
-  void post_receive(Request& request, std::size_t index);
-  // Adds the request's buffers to the clear-to-send batch (flushing first if they don't fit).
+  // Posts the eager receives not posted yet, lowest sequence first, until the provider pushes
+  // back.
+  void post_in_order();
+  // False when the provider pushed back (the request is queued for retry).
+  bool post_receive(Request& request, std::size_t index);
+  // Adds the request's buffers whose receives are posted to the clear-to-send batch (flushing
+  // first when it is full).
   void announce(Request& request);
   void on_ready_to_send(std::span<const std::byte> body);
   void apply_ready_to_send(Request& request, std::size_t index, const RtsEntry& rts);
@@ -39,9 +49,10 @@ class RecvCommImpl final : public Comm {
   void finish_rendezvous(Part& part);
 
   std::uint32_t next_seq_ = 0;
-  std::vector<Slot> by_seq_;       // by seq % kSeqWindow
-  ClearToSend batch_;              // entries not sent yet
-  std::vector<Request*> batched_;  // the requests they belong to
+  std::uint32_t post_next_ = 0;     // the lowest sequence whose receive may still need posting
+  std::vector<Slot> by_seq_;        // by seq % kSeqWindow
+  ClearToSend batch_;               // entries not sent yet
+  std::vector<Announced> batched_;  // the buffers they describe
   std::size_t batch_limit_ = 0;
   // Ready-to-sends that arrived before their buffer was posted, by seq % kSeqWindow. The
   // sender has at most kMaxRequests messages in flight, so the window covers them.

@@ -40,6 +40,9 @@ struct Part {
   bool recv_posted = false;
   bool recv_outstanding = false;
   bool rendezvous = false;  // ready-to-send seen: the data comes by RMA write
+  // Receives: the buffer is in a clear-to-send batch / that batch went out.
+  bool announced = false;
+  bool told = false;
   std::uint8_t writes_expected = 0;
   std::uint8_t writes_seen = 0;
 };
@@ -64,8 +67,8 @@ struct Request final : ofi::CompletionHandler {
   std::uint8_t stripes_posted = 0;
   std::uint8_t stripes_done = 0;
   // Receives.
-  bool cts_queued = false;  // in the clear-to-send batch
-  bool cts_sent = false;
+  bool cts_queued = false;  // every buffer is in a clear-to-send batch
+  bool cts_sent = false;    // every buffer's clear-to-send went out
   std::array<Part, kMaxParts> parts;
   std::array<ofi::OpContext, kMaxOps> ops;
   std::string error;  // why status is not kOk (allocates only on errors)

@@ -1,9 +1,10 @@
-// Sender protocol. Eager: one tagged send (tag = kind | peer comm id | seq, CQ data = user tag)
+// Sender protocol. Eager: once the receiver's clear-to-send for that sequence arrived (its
+// receive is posted then), one tagged send (tag = kind | peer comm id | seq, CQ data = user tag)
 // straight into the receiver's posted buffer; the request completes once the send completed
-// locally and the receiver's clear-to-send for that sequence confirmed the buffer fits and the
-// tags agree. Rendezvous: a ready-to-send (size, tag, stripes) goes out at once; when the
-// clear-to-send arrives the payload is written with fi_writedata in stripes over the data
-// rails, each carrying comm id | seq | stripe count as remote CQ data.
+// locally and the clear-to-send confirmed the buffer fits and the tags agree. Rendezvous: a
+// ready-to-send (size, tag, stripes) goes out at once; when the clear-to-send arrives the payload
+// is written with fi_writedata in stripes over the data rails, each carrying comm id | seq | stripe
+// count as remote CQ data.
 #include "p2p/send_comm.hpp"
 
 #include <algorithm>
@@ -70,12 +71,15 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
 // A clear-to-send that shows a mismatch does not stop the eager message or the ready-to-send:
 // the receiver must reach the same verdict from what it gets, or its request would never end.
 // Only payload writes are skipped.
+//
+// An eager message goes once its clear-to-send came: the receive is posted then, so the message
+// never waits in the provider's bounded unexpected-message pool (see Lane::may_post_receive).
 void SendCommImpl::advance(Request& r) {
   Part& part = r.parts[0];
   const bool sendable = !r.abandoned && !part.done;
   if (r.eager) {
-    if (!r.eager_posted && sendable) {
-      const std::size_t rail = part.seq % data_rails_;
+    const std::size_t rail = data_rails_ == 0 ? 0 : part.seq % data_rails_;
+    if (!r.eager_posted && sendable && r.cts_matched) {
       ofi::Rail& data_rail = lane_->rails().data(rail);
       const Status status = data_rail.tagged_send(
           peer_data_[rail], part.data, part.size,

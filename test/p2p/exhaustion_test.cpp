@@ -1,0 +1,628 @@
+// Resource exhaustion through the p2p API: a communicator's request pool, a shared lane's
+// provider queues, many communicators without grouping under a file-descriptor limit, and
+// provider queues only 16 deep.
+// Running out must mean back-pressure (kRetry with a clear last_error) or a clear loom::Error,
+// never a crash, a hang or lost bytes; whatever was accepted must complete with every byte
+// verified.
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <dirent.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "p2p/comm.hpp"  // kMaxRequests: the pool size the refusals must match
+#include "support/p2p_pair.hpp"
+#include "support/pattern.hpp"
+
+namespace loom::test {
+namespace {
+
+// ---- request pools and provider queues ------------------------------------------------------
+
+constexpr std::size_t kPool = p2p::kMaxRequests;
+constexpr std::size_t kParts = kMaxRecvBuffers;
+constexpr std::size_t kSlot = 32 * 1024;
+// Each receiver first fills its pool with 8-buffer receives (kPool * kParts buffers, four times
+// the 256 receives a rail's queue holds), then posts single buffers: 2 * kPool more messages.
+constexpr std::size_t kMessages = kPool * kParts + 2 * kPool;
+// A stuck run fails instead of hanging: no completion on any communicator for this long.
+constexpr auto kStall = std::chrono::seconds(60);
+
+// Eager and rendezvous (above the default 16 KiB eager limit) mixed, some empty.
+std::size_t size_of(std::size_t comm, std::size_t k) {
+  const std::size_t x = k + 3 * comm;
+  if (x % 9 == 3) return 0;
+  if (x % 4 == 0) return 16385 + (x * 131) % 16000;
+  return 1 + (x * 7919) % 12000;
+}
+
+Tag tag_of(std::size_t comm, std::size_t k) {
+  return static_cast<Tag>((comm << 20) ^ k ^ 0x5000);
+}
+
+std::uint64_t seed_of(std::size_t comm, std::size_t k) {
+  return 0xE00000 + (comm << 16) + k;
+}
+
+// Every communicator of a pair shares one lane (LOOM_NGROUPS=1): its provider queues (depth 256)
+// see the sum of what they post.
+Config pool_config() {
+  Config config = test_config(1);
+  config.ngroups = 1;
+  return config;
+}
+
+bool mentions(const std::string& text, const std::string& what) {
+  return text.find(what) != std::string::npos;
+}
+
+void check_stall(std::chrono::steady_clock::time_point last, const char* role) {
+  require(std::chrono::steady_clock::now() - last < kStall,
+          std::string(role) + ": no request completed for 60 s");
+}
+
+void pool_receiver(Channel& channel, std::size_t ncomms) {
+  Config config = pool_config();
+  config.force_flush = true;  // so that iflush needs a request too
+  Context context(config);
+  Listener listener = context.listen();
+  send_handle(channel, listener.handle());
+  // At most kPool * kParts buffers of a communicator are in flight, consecutive in message
+  // order. Declared before the communicators: buffers outlive the receives close() cancels.
+  std::vector<std::vector<std::byte>> slabs(ncomms, std::vector<std::byte>(kPool * kParts * kSlot));
+  std::vector<std::unique_ptr<RecvComm>> comms;
+  for (std::size_t c = 0; c < ncomms; ++c) {
+    comms.push_back(accept_one(listener));  // the sender connects one at a time: same order
+    channel.barrier();
+  }
+  std::vector<MemoryRegion> regions(ncomms);
+  for (std::size_t c = 0; c < ncomms; ++c) {
+    regions[c] = comms[c]->register_memory(slabs[c].data(), slabs[c].size());
+  }
+  auto buffer_of = [&](std::size_t c, std::size_t k) {
+    return RecvBuffer{slabs[c].data() + (k % (kPool * kParts)) * kSlot, size_of(c, k), tag_of(c, k),
+                      regions[c]};
+  };
+
+  // The sender filled its pools before we posted anything.
+  const auto sent_before_refusal = channel.recv_value<std::uint64_t>();
+  require(sent_before_refusal == ncomms * kPool,
+          "the sender's pools took " + std::to_string(sent_before_refusal) + " sends");
+
+  struct Posted {
+    Request* request;
+    std::size_t first;
+    std::size_t count;
+  };
+  std::vector<std::deque<Posted>> posted(ncomms);
+  std::vector<std::size_t> next(ncomms, 0);
+  std::string refusal;
+  for (std::size_t c = 0; c < ncomms; ++c) {
+    RecvComm& comm = *comms[c];
+    for (;;) {
+      RecvBuffer buffers[kParts];
+      for (std::size_t i = 0; i < kParts; ++i) buffers[i] = buffer_of(c, next[c] + i);
+      Request* request = nullptr;
+      const Status status = comm.irecv(buffers, request);
+      if (status != Status::kOk) {
+        require(
+            status == Status::kRetry,
+            "irecv on a full pool: " + std::string(to_string(status)) + ": " + comm.last_error());
+        require(request == nullptr, "a refused irecv set its request");
+        require(mentions(comm.last_error(), std::to_string(kPool) + " requests already in flight"),
+                "unclear refusal: " + comm.last_error());
+        refusal = comm.last_error();
+        break;
+      }
+      posted[c].push_back({request, next[c], kParts});
+      next[c] += kParts;
+    }
+    require(posted[c].size() == kPool,
+            "the receive pool took " + std::to_string(posted[c].size()) + " requests");
+    RecvBuffer first = buffer_of(c, 1);  // not empty: an empty buffer needs no flush
+    Request* flush = nullptr;
+    require(comm.iflush({&first, 1}, flush) == Status::kRetry,
+            "iflush on a full pool: " + comm.last_error());
+    require(flush == nullptr, "a refused iflush set its request");
+    require(mentions(comm.last_error(), "too many requests in flight"),
+            "unclear refusal: " + comm.last_error());
+  }
+  std::fprintf(stderr,
+               "irecv: %zu comm(s) x %zu requests of %zu buffers accepted, then kRetry "
+               "(\"%s\")\n",
+               ncomms, kPool, kParts, refusal.c_str());
+
+  // Complete in order; each completion makes room for one single-buffer receive.
+  std::size_t verified = 0;
+  auto last = std::chrono::steady_clock::now();
+  while (verified < ncomms * kMessages) {
+    for (std::size_t c = 0; c < ncomms; ++c) {
+      if (posted[c].empty()) continue;
+      const Posted p = posted[c].front();
+      std::size_t sizes[kParts] = {};
+      bool done = false;
+      const Status status = comms[c]->test(p.request, done, {sizes, p.count});
+      auto what = [&] {
+        return "comm " + std::to_string(c) + " receive of message " + std::to_string(p.first);
+      };
+      if (!done) {
+        if (status != Status::kOk) throw Failure(what() + ": " + comms[c]->last_error());
+        continue;
+      }
+      require(status == Status::kOk,
+              what() + ": " + std::string(to_string(status)) + ": " + comms[c]->last_error());
+      posted[c].pop_front();
+      last = std::chrono::steady_clock::now();
+      for (std::size_t i = 0; i < p.count; ++i) {
+        const std::size_t k = p.first + i;
+        require(sizes[i] == size_of(c, k), what() + ": message " + std::to_string(k) +
+                                               " delivered " + std::to_string(sizes[i]) + " of " +
+                                               std::to_string(size_of(c, k)) + " bytes");
+        const RecvBuffer b = buffer_of(c, k);
+        auto error = check_pattern({static_cast<std::byte*>(b.data), sizes[i]}, seed_of(c, k));
+        require(error.empty(), what() + ": message " + std::to_string(k) + ": " + error);
+        ++verified;
+      }
+      if (next[c] < kMessages) {
+        RecvBuffer b = buffer_of(c, next[c]);
+        Request* request = nullptr;
+        require(comms[c]->irecv({&b, 1}, request) == Status::kOk,
+                "irecv: " + comms[c]->last_error());
+        posted[c].push_back({request, next[c]++, 1});
+      }
+    }
+    check_stall(last, "receiver");
+  }
+  // With the pool free again, a flush goes through.
+  RecvBuffer first = buffer_of(0, 1);
+  Request* flush = nullptr;
+  require(comms[0]->iflush({&first, 1}, flush) == Status::kOk, "iflush: " + comms[0]->last_error());
+  if (flush != nullptr) finish(*comms[0], flush);
+  const auto stats = context.stats();
+  require(stats.lanes.size() == 1 && stats.lanes[0].comms == ncomms,
+          "the communicators should share one receive lane");
+  channel.barrier();
+}
+
+void pool_sender(Channel& channel, std::size_t ncomms) {
+  Context context(pool_config());
+  const Handle handle = recv_handle(channel);
+  // One slot more than the pool: the message a refused isend offered must not overwrite one
+  // in flight.
+  constexpr std::size_t kSlots = kPool + 1;
+  std::vector<std::vector<std::byte>> slabs(ncomms, std::vector<std::byte>(kSlots * kSlot));
+  std::vector<std::unique_ptr<SendComm>> comms;
+  for (std::size_t c = 0; c < ncomms; ++c) {
+    comms.push_back(connect_one(context, handle));
+    channel.barrier();
+  }
+  std::vector<MemoryRegion> regions(ncomms);
+  for (std::size_t c = 0; c < ncomms; ++c) {
+    regions[c] = comms[c]->register_memory(slabs[c].data(), slabs[c].size());
+  }
+  std::vector<std::deque<Request*>> inflight(ncomms);
+  std::vector<std::size_t> next(ncomms, 0);
+  auto post = [&](std::size_t c) {
+    std::byte* data = slabs[c].data() + (next[c] % kSlots) * kSlot;
+    fill_pattern({data, size_of(c, next[c])}, seed_of(c, next[c]));
+    Request* request = nullptr;
+    const Status status =
+        comms[c]->isend(data, size_of(c, next[c]), tag_of(c, next[c]), regions[c], request);
+    if (status == Status::kOk) {
+      inflight[c].push_back(request);
+      ++next[c];
+    } else {
+      require(request == nullptr, "a refused isend set its request");
+    }
+    return status;
+  };
+  // Nothing is posted on the other side yet: sends pile up until each pool is empty.
+  for (std::size_t c = 0; c < ncomms; ++c) {
+    Status status = Status::kOk;
+    while (status == Status::kOk && next[c] <= kPool) status = post(c);
+    const std::string& error = comms[c]->last_error();
+    require(status == Status::kRetry,
+            "isend on a full pool: " + std::string(to_string(status)) + ": " + error);
+    require(next[c] == kPool, "the send pool took " + std::to_string(next[c]) + " sends");
+    require(mentions(error, std::to_string(kPool) + " requests already in flight"),
+            "unclear refusal: " + error);
+    // Refusals take nothing: asking again changes nothing and the next message keeps its place.
+    require(post(c) == Status::kRetry && next[c] == kPool, "a second refused isend");
+  }
+  std::fprintf(stderr, "isend: %zu comm(s) x %zu accepted, then kRetry (\"%s\")\n", ncomms, kPool,
+               comms[0]->last_error().c_str());
+  channel.send_value<std::uint64_t>(ncomms * kPool);
+  std::size_t finished = 0;
+  auto last = std::chrono::steady_clock::now();
+  while (finished < ncomms * kMessages) {
+    for (std::size_t c = 0; c < ncomms; ++c) {
+      if (inflight[c].empty()) continue;
+      bool done = false;
+      const Status status = comms[c]->test(inflight[c].front(), done, {});
+      if (status != Status::kOk) {
+        throw Failure("comm " + std::to_string(c) + " send " +
+                      std::to_string(next[c] - inflight[c].size()) + ": " +
+                      std::string(to_string(status)) + ": " + comms[c]->last_error());
+      }
+      if (!done) continue;
+      inflight[c].pop_front();
+      ++finished;
+      last = std::chrono::steady_clock::now();
+      while (next[c] < kMessages && inflight[c].size() < kPool) {
+        require(post(c) == Status::kOk, "isend with room in the pool: " + comms[c]->last_error());
+      }
+    }
+    check_stall(last, "sender");
+  }
+  channel.barrier();
+}
+
+// ---- many communicators, a lane each ----------------------------------------------------------
+
+constexpr std::size_t kMany = 200;
+// File descriptors each process may open beyond those it has when the test starts: every
+// tcp;ofi_rxm endpoint holds sockets, so tcp runs out long before 200 lanes; shm needs none.
+constexpr std::size_t kFdHeadroom = 96;
+// Stops opening communicators past this much resident memory (a shm lane maps ~15 MiB, a
+// tcp;ofi_rxm one ~140 MiB) or this long: the point is running out of something else first.
+constexpr std::size_t kMemoryBudget = std::size_t{1} << 30;
+constexpr auto kSetupBudget = std::chrono::seconds(90);
+
+enum Verdict : std::uint32_t { kConnected = 1, kConnectFailed = 2, kBudget = 3 };
+
+// The sanitizers' runtime needs descriptors too: UBSan's vptr check probes memory through a
+// pipe and, with the table full, reports a false "invalid vptr" in whatever logs next. Sanitized
+// builds therefore run out of descriptors during setup only and move the data with the limit
+// lifted; other builds keep it, and tcp's lazily opened connections fail then.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+constexpr bool kSanitized = __has_feature(address_sanitizer);
+#else
+constexpr bool kSanitized = false;
+#endif
+
+std::size_t open_fds() {
+  std::size_t count = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (readdir(dir) != nullptr) ++count;
+    closedir(dir);
+  }
+  return count > 2 ? count - 2 : 0;  // "." and ".."
+}
+
+std::size_t rss() {
+  std::FILE* statm = std::fopen("/proc/self/statm", "r");
+  unsigned long size = 0, resident = 0;
+  if (statm != nullptr) {
+    if (std::fscanf(statm, "%lu %lu", &size, &resident) != 2) resident = 0;
+    std::fclose(statm);
+  }
+  return resident * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Lowers this process's descriptor limit to what it holds plus `headroom`, restores it after.
+class FdLimit {
+ public:
+  explicit FdLimit(std::size_t headroom) {
+    getrlimit(RLIMIT_NOFILE, &saved_);
+    rlimit lowered = saved_;
+    lowered.rlim_cur = std::min<rlim_t>(saved_.rlim_cur, open_fds() + headroom);
+    require(setrlimit(RLIMIT_NOFILE, &lowered) == 0, "setrlimit(RLIMIT_NOFILE) failed");
+    limit_ = lowered.rlim_cur;
+  }
+  ~FdLimit() { setrlimit(RLIMIT_NOFILE, &saved_); }
+  FdLimit(const FdLimit&) = delete;
+  FdLimit& operator=(const FdLimit&) = delete;
+  [[nodiscard]] rlim_t limit() const { return limit_; }
+
+ private:
+  rlimit saved_{};
+  rlim_t limit_ = 0;
+};
+
+Config ungrouped_config() {
+  Config config = test_config(1);
+  config.ngroups = 0;
+  config.connect_timeout_ms = 10000;  // a connect nobody answers fails in bounded time
+  config.peer_timeout_ms = 5000;      // as does a request whose peer cannot be reached
+  return config;
+}
+
+std::size_t many_size(std::size_t comm) {
+  return comm % 2 == 0 ? 3000 + comm : 100000 + comm;  // eager and rendezvous
+}
+
+// An Error from running out must say what failed: the operation and the provider's reason.
+void check_error_text(const std::string& what) {
+  require(what.size() > 20 && (mentions(what, "fi_") || mentions(what, "refused") ||
+                               mentions(what, "LOOM_CONNECT_TIMEOUT_MS")),
+          "unclear error: \"" + what + "\"");
+}
+
+// Waits for `request` (bounded): kOk, or a failure whose text says what ran out or that the
+// peer could not be reached. Returns whether it succeeded.
+bool settle(Communicator& comm, Request* request, const std::string& what, std::string& failure) {
+  bool done = false;
+  Status status = Status::kOk;
+  poll_until([&] { return done || status != Status::kOk; },
+             [&] { status = comm.test(request, done, {}); }, what, 30s);
+  if (status == Status::kOk) return true;
+  failure = what + ": " + std::string(to_string(status)) + ": " + comm.last_error();
+  require(mentions(comm.last_error(), "Too many open files") || mentions(comm.last_error(), "peer"),
+          "unclear failure: " + failure);
+  return false;
+}
+
+// What one side saw: whether setup stopped on an error (then data-path failures that name the
+// exhausted resource or the unreachable peer are allowed), and how the messages went.
+struct ManySide {
+  bool exhausted = false;
+  std::size_t moved = 0;
+  std::size_t failed = 0;
+  std::string first_failure;
+};
+
+void report(const char* role, const ManySide& side) {
+  std::fprintf(stderr, "ungrouped %s: %zu moved bytes, %zu failed%s%s\n", role, side.moved,
+               side.failed, side.failed ? ", first: " : "", side.first_failure.c_str());
+}
+
+void many_receiver(Channel& channel) {
+  auto limit = std::make_optional<FdLimit>(kFdHeadroom);
+  Context context(ungrouped_config());
+  Listener listener = context.listen();
+  send_handle(channel, listener.handle());
+  std::vector<std::vector<std::byte>> buffers(kMany);
+  std::vector<std::unique_ptr<RecvComm>> comms;
+  ManySide side;
+  std::string accept_error;
+  for (;;) {
+    // Accept until the sender says how its connect went.
+    std::unique_ptr<RecvComm> comm;
+    poll_until([&] { return channel.readable(); },
+               [&] {
+                 if (comm || !accept_error.empty()) return;
+                 try {
+                   comm = listener.accept();
+                 } catch (const Error& e) {
+                   accept_error = e.what();
+                 }
+               },
+               "the sender's verdict", 60s);
+    const auto verdict = channel.recv_value<std::uint32_t>();
+    if (verdict == kConnectFailed) side.exhausted = true;
+    if (verdict != kConnected) break;
+    if (!comm) comm = accept_one(listener, 30s);
+    comms.push_back(std::move(comm));
+  }
+  if (!accept_error.empty()) {
+    std::fprintf(stderr, "ungrouped: accept %zu failed: %s\n", comms.size() + 1,
+                 accept_error.c_str());
+    check_error_text(accept_error);
+  }
+  require(context.stats().lanes.size() == comms.size(), "a lane per communicator");
+  if (kSanitized) limit.reset();
+  // One message per communicator, all posted at once.
+  std::vector<Request*> requests(comms.size());
+  std::vector<MemoryRegion> regions(comms.size());
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    buffers[i].resize(many_size(i));
+    regions[i] = comms[i]->register_memory(buffers[i].data(), buffers[i].size());
+    RecvBuffer b{buffers[i].data(), buffers[i].size(), static_cast<Tag>(i), regions[i]};
+    require(comms[i]->irecv({&b, 1}, requests[i]) == Status::kOk, comms[i]->last_error());
+  }
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    std::string failure;
+    if (settle(*comms[i], requests[i], "receive on comm " + std::to_string(i), failure)) {
+      auto error = check_pattern(buffers[i], 0xC0000 + i);
+      require(error.empty(), "comm " + std::to_string(i) + ": " + error);
+      ++side.moved;
+    } else {
+      if (side.failed++ == 0) side.first_failure = failure;
+    }
+  }
+  report("receiver", side);
+  require(side.exhausted || side.failed == 0, "nothing ran out, yet a receive failed");
+  channel.send_value<std::uint64_t>(side.moved);
+  channel.barrier();
+  for (auto& comm : comms) comm->close();
+  comms.clear();
+  require(context.stats().lanes.empty(), "lanes left after closing");
+  // With the descriptors back, the same context and listener give a working communicator.
+  limit.reset();
+  channel.barrier();
+  auto again = accept_one(listener);
+  std::vector<std::byte> buffer(70000);
+  MemoryRegion region = again->register_memory(buffer.data(), buffer.size());
+  RecvBuffer b{buffer.data(), buffer.size(), 77, region};
+  Request* request = nullptr;
+  require(again->irecv({&b, 1}, request) == Status::kOk, again->last_error());
+  require(finish(*again, request) == buffer.size(), "size after recovery");
+  require(check_pattern(buffer, 0xC1000).empty(), "bytes after recovery");
+  channel.barrier();
+}
+
+void many_sender(Channel& channel) {
+  auto limit = std::make_optional<FdLimit>(kFdHeadroom);
+  Context context(ungrouped_config());
+  const Handle handle = recv_handle(channel);
+  const std::size_t rss_before = rss();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::vector<std::byte>> buffers(kMany);
+  std::vector<std::unique_ptr<SendComm>> comms;
+  ManySide side;
+  std::string stopped = "all " + std::to_string(kMany) + " connected";
+  while (comms.size() < kMany) {
+    if (rss() > rss_before + kMemoryBudget ||
+        std::chrono::steady_clock::now() > start + kSetupBudget) {
+      stopped = "stopped at the memory or time budget";
+      channel.send_value<std::uint32_t>(kBudget);
+      break;
+    }
+    try {
+      comms.push_back(connect_one(context, handle, 30s));
+    } catch (const Error& e) {
+      stopped = std::string("connect failed: ") + e.what();
+      check_error_text(e.what());
+      side.exhausted = true;
+      channel.send_value<std::uint32_t>(kConnectFailed);
+      break;
+    }
+    channel.send_value<std::uint32_t>(kConnected);
+  }
+  std::fprintf(stderr,
+               "ungrouped: %zu communicators (fd limit %llu, %zu fds open, RSS +%zu MiB, "
+               "%.1f s): %s\n",
+               comms.size(), static_cast<unsigned long long>(limit->limit()), open_fds(),
+               (rss() - rss_before) >> 20,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+               stopped.c_str());
+  require(!comms.empty(), "not even one communicator");
+  if (kSanitized) limit.reset();
+  std::vector<Request*> requests(comms.size());
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    buffers[i].resize(many_size(i));
+    fill_pattern(buffers[i], 0xC0000 + i);
+    MemoryRegion region = comms[i]->register_memory(buffers[i].data(), buffers[i].size());
+    require(comms[i]->isend(buffers[i].data(), buffers[i].size(), static_cast<Tag>(i), region,
+                            requests[i]) == Status::kOk,
+            comms[i]->last_error());
+  }
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    std::string failure;
+    if (settle(*comms[i], requests[i], "send on comm " + std::to_string(i), failure)) {
+      ++side.moved;
+    } else if (side.failed++ == 0) {
+      side.first_failure = failure;
+    }
+  }
+  report("sender", side);
+  require(side.exhausted || side.failed == 0, "nothing ran out, yet a send failed");
+  const auto received = channel.recv_value<std::uint64_t>();
+  require(received <= side.moved, "the receiver got more messages than were sent");
+  channel.barrier();
+  for (auto& comm : comms) comm->close();
+  comms.clear();
+  limit.reset();
+  channel.barrier();
+  auto again = connect_one(context, handle);
+  std::vector<std::byte> buffer(70000);
+  fill_pattern(buffer, 0xC1000);
+  MemoryRegion region = again->register_memory(buffer.data(), buffer.size());
+  Request* request = nullptr;
+  require(again->isend(buffer.data(), buffer.size(), 77, region, request) == Status::kOk,
+          again->last_error());
+  finish(*again, request);
+  channel.barrier();
+}
+
+// ---- tiny provider queues -------------------------------------------------------------------
+
+// Queue sizes are the providers' (loom clamps its depths to what they offer) and libfabric reads
+// them once per process: the case runs again in a fresh process with these set.
+constexpr const char* kTinyQueuesMarker = "EXHAUSTION_TINY_QUEUES";
+constexpr const char* kTinyQueues[] = {"FI_SHM_RX_SIZE=16", "FI_SHM_TX_SIZE=16",
+                                       "FI_OFI_RXM_RX_SIZE=16", "FI_OFI_RXM_TX_SIZE=16"};
+constexpr auto kTinyTimeout = std::chrono::seconds(240);
+
+// Runs this test binary on `test_name` with `extra` added to the environment; returns "" when it
+// passed, else how it ended.
+std::string run_self(const char* test_name, std::span<const char* const> extra) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  for (const char* add : extra) {
+    const std::string_view name(add, std::strchr(add, '=') - add + 1);
+    std::erase_if(env, [&](const std::string& e) { return e.starts_with(name); });
+    env.emplace_back(add);
+  }
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string name = test_name;
+  std::string warn = "--warn", no_tests = "NoTests";
+  char* argv[] = {name.data(), name.data(), warn.data(), no_tests.data(), nullptr};
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child < 0) return "fork failed";
+  if (child == 0) {
+    execve("/proc/self/exe", argv, envp.data());
+    _exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kTinyTimeout;
+  int status = 0;
+  while (waitpid(child, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      return "timed out and was killed";
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                             : "exited with " + std::to_string(WEXITSTATUS(status));
+}
+
+}  // namespace
+
+TEST_CASE("p2p exhaustion: requests beyond the pool are refused with kRetry and then all complete",
+          "[exhaustion]") {
+  auto failure =
+      run_pair([](Channel& c) { pool_receiver(c, 1); }, [](Channel& c) { pool_sender(c, 1); });
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+TEST_CASE("p2p exhaustion: 4 communicators fill their pools on one lane past its queue depths",
+          "[exhaustion]") {
+  auto failure =
+      run_pair([](Channel& c) { pool_receiver(c, 4); }, [](Channel& c) { pool_sender(c, 4); });
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+TEST_CASE("p2p exhaustion: up to 200 communicators without grouping under a descriptor limit",
+          "[exhaustion]") {
+  auto failure = run_pair(many_receiver, many_sender, 300s);
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+// Depth 16 on every rail (the bootstrap's, the control channel's and the data rails'): loom posts
+// what fits, waits for room for the rest, and the pool cases above still deliver every byte.
+TEST_CASE("p2p exhaustion: provider queues 16 deep still carry every message", "[exhaustion]") {
+  constexpr const char* kName = "p2p exhaustion: provider queues 16 deep still carry every message";
+  if (std::getenv(kTinyQueuesMarker) == nullptr) {
+    std::vector<const char*> extra(std::begin(kTinyQueues), std::end(kTinyQueues));
+    const std::string marker = std::string(kTinyQueuesMarker) + "=1";
+    extra.push_back(marker.c_str());
+    const std::string outcome = run_self(kName, extra);
+    INFO("the run with queues 16 deep " << outcome);
+    REQUIRE(outcome.empty());
+    return;
+  }
+  for (std::size_t comms : {1, 4}) {
+    INFO(comms << " communicator(s)");
+    auto failure = run_pair([&](Channel& c) { pool_receiver(c, comms); },
+                            [&](Channel& c) { pool_sender(c, comms); });
+    INFO(failure);
+    REQUIRE(failure.empty());
+  }
+}
+
+}  // namespace loom::test
