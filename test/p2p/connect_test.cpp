@@ -16,14 +16,7 @@ void simultaneous(Channel& channel, std::uint64_t me, std::uint64_t peer) {
   Listener listener = context.listen();
   send_handle(channel, listener.handle());
   Connector connector = context.connect(recv_handle(channel));
-  std::unique_ptr<SendComm> out;
-  std::unique_ptr<RecvComm> in;
-  poll_until([&] { return out && in; },
-             [&] {
-               if (!out) out = connector.poll();
-               if (!in) in = listener.accept();
-             },
-             "simultaneous connect");
+  auto [out, in] = connect_both(connector, listener, "simultaneous connect");
   exchange(*out, *in, me, peer, 100000);
   channel.barrier();
 }
@@ -201,14 +194,7 @@ TEST_CASE("p2p bad handles are refused with a clear error", "[local]") {
   CHECK_THAT(listener.stats().last_refusal, Catch::Contains("wrong nonce"));
 
   Connector genuine = context.connect(good);
-  std::unique_ptr<SendComm> out;
-  std::unique_ptr<RecvComm> in;
-  poll_until([&] { return out && in; },
-             [&] {
-               if (!out) out = genuine.poll();
-               if (!in) in = listener.accept();
-             },
-             "the genuine connect");
+  auto [out, in] = connect_both(genuine, listener, "the genuine connect");
   exchange(*out, *in, 77, 77, 3000);
   CHECK(listener.stats().accepted == 1);
 }
@@ -218,14 +204,7 @@ TEST_CASE("p2p bad data-path input gives clear errors and the process and other 
   Context context(test_config(1));
   Listener listener = context.listen();
   Connector connector = context.connect(listener.handle());
-  std::unique_ptr<SendComm> out;
-  std::unique_ptr<RecvComm> in;
-  poll_until([&] { return out && in; },
-             [&] {
-               if (!out) out = connector.poll();
-               if (!in) in = listener.accept();
-             },
-             "connect to self");
+  auto [out, in] = connect_both(connector, listener, "connect to self");
   std::vector<std::byte> buffer(1 << 20);
   fill_pattern(buffer, 3);
   MemoryRegion region = out->register_memory(buffer.data(), 4096);
@@ -278,14 +257,7 @@ TEST_CASE("p2p bad data-path input gives clear errors and the process and other 
 
   // A closed communicator refuses work; another one on the same context keeps going.
   Connector second = context.connect(listener.handle());
-  std::unique_ptr<SendComm> out2;
-  std::unique_ptr<RecvComm> in2;
-  poll_until([&] { return out2 && in2; },
-             [&] {
-               if (!out2) out2 = second.poll();
-               if (!in2) in2 = listener.accept();
-             },
-             "second connect");
+  auto [out2, in2] = connect_both(second, listener, "second connect");
   out->close();
   CHECK(out->isend(buffer.data(), 100, 1, region, request) == Status::kInvalid);
   exchange(*out2, *in2, 12, 12, 700000);

@@ -53,14 +53,7 @@ void expect_peer_error(Communicator& comm, Request* request,
 void still_works(Context& context) {
   Listener listener = context.listen();
   Connector connector = context.connect(listener.handle());
-  std::unique_ptr<SendComm> out;
-  std::unique_ptr<RecvComm> in;
-  poll_until([&] { return out && in; },
-             [&] {
-               if (!out) out = connector.poll();
-               if (!in) in = listener.accept();
-             },
-             "a new pair after the peer died");
+  auto [out, in] = connect_both(connector, listener, "a new pair after the peer died");
   exchange(*out, *in, 31, 31, 300000);
 }
 

@@ -44,6 +44,25 @@ inline std::unique_ptr<SendComm> connect_one(Context& context, const Handle& han
   return comm;
 }
 
+// A send and a receive communicator set up at once: both ends of `connector`'s connection, or
+// one each of two connections that run concurrently (poll both, neither may wait).
+struct CommPair {
+  std::unique_ptr<SendComm> out;
+  std::unique_ptr<RecvComm> in;
+};
+
+inline CommPair connect_both(Connector& connector, Listener& listener, const std::string& what,
+                             std::chrono::seconds timeout = 30s) {
+  CommPair pair;
+  poll_until([&] { return pair.out && pair.in; },
+             [&] {
+               if (!pair.out) pair.out = connector.poll();
+               if (!pair.in) pair.in = listener.accept();
+             },
+             what, timeout);
+  return pair;
+}
+
 // Waits for `request`; requires kOk unless `expect` says otherwise. Returns the sizes.
 inline std::size_t finish(Communicator& comm, Request* request, Status expect = Status::kOk,
                           std::chrono::seconds timeout = 60s) {
