@@ -34,7 +34,7 @@ FlushBuffer::~FlushBuffer() = default;
 Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, CompletionQueue* shared)
     : nic_(&nic), role_(role), index_(index), depths_(depths), cq_(shared) {
   const std::string& provider = nic.attributes().provider;
-  const std::string operation = "open " + describe();
+  const std::string operation = "open " + describe(false);  // Error adds the provider
 
   InfoPtr info = duplicate(nic.info());
   info->tx_attr->size = depths_.tx;
@@ -89,17 +89,17 @@ Rail::~Rail() {
   for (auto& credit : rx_cq_data_credits_) fi_cancel(&endpoint_->fid, &credit);
 }
 
-std::string Rail::describe() const {
-  return std::string(role_ == RailRole::kData ? "data" : "control") + " rail " +
-         std::to_string(index_) + " on " + nic_->attributes().domain + " [" +
-         nic_->attributes().provider + "]";
+std::string Rail::describe(bool with_provider) const {
+  std::string text = std::string(role_ == RailRole::kData ? "data" : "control") + " rail " +
+                     std::to_string(index_) + " on " + nic_->attributes().domain;
+  return with_provider ? text + " [" + nic_->attributes().provider + "]" : text;
 }
 
 Address Rail::insert_peer(std::span<const std::byte> address) {
   fi_addr_t peer = FI_ADDR_NOTAVAIL;
   int inserted = fi_av_insert(av_.get(), address.data(), 1, &peer, 0, nullptr);
   if (inserted != 1 || peer == FI_ADDR_NOTAVAIL) {
-    throw_fi_error("insert peer address on " + describe(), "fi_av_insert",
+    throw_fi_error("insert peer address on " + describe(false), "fi_av_insert",
                    nic_->attributes().provider, inserted < 0 ? inserted : -FI_EADDRNOTAVAIL,
                    std::to_string(address.size()) + "-byte address");
   }
@@ -117,7 +117,7 @@ void Rail::post_rx_cq_data_credits() {
   rx_cq_data_credits_.resize(kRxCqDataCredits);
   for (auto& credit : rx_cq_data_credits_) {
     if (Status s = recv(nullptr, 0, nullptr, &credit); s != Status::kOk) {
-      throw Error("open " + describe(), nic_->attributes().provider, FI_EAGAIN,
+      throw Error("open " + describe(false), nic_->attributes().provider, FI_EAGAIN,
                   "cannot post receives for FI_RX_CQ_DATA: " + last_error_);
     }
   }

@@ -74,7 +74,8 @@ class Rail {
   [[nodiscard]] std::span<const std::byte> address() const noexcept { return name_; }
   [[nodiscard]] fid_ep* endpoint() const noexcept { return endpoint_.get(); }
   [[nodiscard]] const RailStats& stats() const noexcept { return stats_; }
-  [[nodiscard]] std::string describe() const;  // "data rail 1 on lo [tcp;ofi_rxm]"
+  // "data rail 1 on lo [tcp;ofi_rxm]"; without the provider for loom::Error, which adds it.
+  [[nodiscard]] std::string describe(bool with_provider = true) const;
 
   // Peers. Throws loom::Error on a malformed address.
   Address insert_peer(std::span<const std::byte> address);

@@ -113,6 +113,13 @@ Route ContextCore::route_to(const std::vector<Address>& listener) const {
   return route;
 }
 
+ofi::Nic* ContextCore::nic_on_subnet_of(std::span<const std::byte> peer) const {
+  for (ofi::Nic* nic : nic_pointers_) {
+    if (nic->subnet() != nullptr && nic->subnet()->contains(peer)) return nic;
+  }
+  return nullptr;
+}
+
 std::size_t ContextCore::bootstrap_rail_for(std::span<const std::byte> peer) const {
   for (std::size_t r = 0; r < bootstrap_rails_.size(); ++r) {
     const ofi::Subnet* subnet = bootstrap_rails_[r]->nic().subnet();
@@ -125,12 +132,7 @@ ofi::RailPlacement ContextCore::placement_facing(const LaneAddresses& peer) cons
   ofi::RailPlacement placement = lanes_->default_placement();
   auto face = [&](std::vector<ofi::Nic*>& rails, const std::vector<Address>& theirs) {
     for (std::size_t i = 0; i < rails.size() && i < theirs.size(); ++i) {
-      for (ofi::Nic* nic : nic_pointers_) {
-        if (nic->subnet() != nullptr && nic->subnet()->contains(theirs[i])) {
-          rails[i] = nic;
-          break;
-        }
-      }
+      if (ofi::Nic* nic = nic_on_subnet_of(theirs[i])) rails[i] = nic;
     }
   };
   face(placement.data, peer.data);

@@ -76,6 +76,8 @@ class ContextCore final : public mux::ControlSink {
   void flush_outbox();
   void order_nics_by_locality();
   void open_bootstrap_rails();
+  // The first local NIC whose subnet holds `peer`'s address, or nullptr.
+  [[nodiscard]] ofi::Nic* nic_on_subnet_of(std::span<const std::byte> peer) const;
   // The bootstrap rail on `peer`'s subnet, else the first.
   [[nodiscard]] std::size_t bootstrap_rail_for(std::span<const std::byte> peer) const;
 
