@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -61,6 +62,11 @@ class Nic {
     return !subnet_ || subnet_->contains(peer);
   }
 
+  // Held while an endpoint on this NIC opens. Threads open lanes concurrently, and shm
+  // (libfabric 1.17) then fails fi_enable with -FI_EBUSY now and then although the domain is
+  // FI_THREAD_SAFE (its endpoints' shared-memory names collide); setup is rare, so serialize it.
+  [[nodiscard]] std::mutex& endpoint_setup_mutex() noexcept { return endpoint_setup_mutex_; }
+
   // A key unique in this domain, for providers that take the requested key (no FI_MR_PROV_KEY).
   std::uint64_t next_requested_key() noexcept { return next_key_.fetch_add(1); }
 
@@ -73,6 +79,7 @@ class Nic {
   const providers::Profile* profile_;
   std::optional<Subnet> subnet_;
   std::atomic<std::uint64_t> next_key_{1};
+  std::mutex endpoint_setup_mutex_;
 };
 
 }  // namespace loom::ofi

@@ -35,6 +35,7 @@ Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, Comple
     : nic_(&nic), role_(role), index_(index), depths_(depths), cq_(shared) {
   const std::string& provider = nic.attributes().provider;
   const std::string operation = "open " + describe(false);  // Error adds the provider
+  std::lock_guard setup(nic.endpoint_setup_mutex());
 
   InfoPtr info = duplicate(nic.info());
   info->tx_attr->size = depths_.tx;
