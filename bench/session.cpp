@@ -101,8 +101,8 @@ void Session::prepare_buffers(std::size_t size) {
   recv_regions_.clear();
   const std::size_t slot = std::max<std::size_t>(size, 1);
   // As fabtests does, every message of a window uses one buffer on each side; verified runs
-  // need a buffer per message in flight.
-  slots_ = options_.verify ? options_.window : 1;
+  // need a buffer per message in flight (the server has two windows of receives posted).
+  slots_ = options_.verify ? kWindowsPosted * options_.window : 1;
   send_buffer_.assign(slots_ * slot, std::byte{0x5A});
   recv_buffer_.assign(slots_ * slot, std::byte{0});
   for (auto& comm : send_) {
@@ -119,10 +119,16 @@ void Session::wait_all(std::vector<Pending>& pending) {
   // A peer that stops answering becomes an error, not a hang.
   const auto patience = std::chrono::seconds(options_.timeout_s);
   auto deadline = Clock::now() + patience;
+  bool progressed = false;  // since the last look at the clock (read rarely: it is not free)
   for (unsigned spins = 0; left > 0; ++spins) {
-    if ((spins & 255) == 255 && Clock::now() > deadline) {
-      throw std::runtime_error(std::to_string(left) + " message(s) made no progress for " +
-                               std::to_string(patience.count()) + " s");
+    if ((spins & 255) == 255) {
+      const auto now = Clock::now();
+      if (progressed) deadline = now + patience;
+      progressed = false;
+      if (now > deadline) {
+        throw std::runtime_error(std::to_string(left) + " message(s) made no progress for " +
+                                 std::to_string(patience.count()) + " s");
+      }
     }
     for (Pending& p : pending) {
       if (p.request == nullptr) continue;
@@ -136,7 +142,7 @@ void Session::wait_all(std::vector<Pending>& pending) {
       if (!done) continue;
       p.request = nullptr;
       --left;
-      deadline = Clock::now() + patience;
+      progressed = true;
       if (options_.verify && p.data != nullptr) {
         if (delivered != p.size) {
           throw std::runtime_error("verify: message " + std::to_string(p.index) + " delivered " +
@@ -189,34 +195,16 @@ void Session::post_receives(std::size_t first, std::size_t count, std::size_t si
 
 // Windows of messages, as fabtests' bandwidth tests run them: the client posts a window of
 // sends and waits for them and for a 4-byte ack the server sends once the whole window has
-// arrived (so the next window never overruns receives not yet posted). With --bidir both
-// sides send and receive windows and no ack is needed.
+// arrived. With --bidir both sides send and receive windows and no ack is needed.
 void Session::bandwidth(std::size_t size, std::size_t count, bool timed, Figures& figures) {
-  const bool sends = options_.is_client() || options_.bidir;
-  const bool receives = !options_.is_client() || options_.bidir;
-  std::vector<Pending> pending;
-  std::vector<Pending> ahead;  // the server's next window, posted before its ack
-  pending.reserve(2 * options_.window + 1);
-  ahead.reserve(options_.window);
   oob_.sync();
   const auto start = Clock::now();
-  for (std::size_t done = 0; done < count;) {
-    const std::size_t n = std::min(options_.window, count - done);
-    if (!options_.bidir && options_.is_client()) post_ack(false, pending);
-    if (receives && ahead.empty()) post_receives(message_ + done, n, size, pending);
-    pending.insert(pending.end(), ahead.begin(), ahead.end());
-    ahead.clear();
-    if (sends) post_sends(message_ + done, n, size, pending);
-    wait_all(pending);
-    if (!options_.bidir && !options_.is_client()) {
-      // The next window's buffers are posted before the ack that releases its sends, as an
-      // application that knows what comes next would: eager sends go once their buffer is.
-      const std::size_t next = std::min(options_.window, count - done - n);
-      if (next > 0) post_receives(message_ + done + n, next, size, ahead);
-      post_ack(true, pending);
-      wait_all(pending);
-    }
-    done += n;
+  if (options_.bidir) {
+    exchange_windows(size, count);
+  } else if (options_.is_client()) {
+    send_windows(size, count);
+  } else {
+    receive_windows(size, count);
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   message_ += count;
@@ -224,6 +212,54 @@ void Session::bandwidth(std::size_t size, std::size_t count, bool timed, Figures
     figures.iterations = count;
     figures.seconds = seconds;
     figures.bytes = static_cast<std::uint64_t>(count) * size * (options_.bidir ? 2 : 1);
+  }
+}
+
+void Session::send_windows(std::size_t size, std::size_t count) {
+  std::vector<Pending> pending;
+  pending.reserve(options_.window + 1);
+  for (std::size_t done = 0; done < count;) {
+    const std::size_t n = std::min(options_.window, count - done);
+    post_ack(false, pending);
+    post_sends(message_ + done, n, size, pending);
+    wait_all(pending);
+    done += n;
+  }
+}
+
+// The server keeps the receives of two windows posted, as an application that knows what
+// comes next does: while window k arrives, window k+1's buffers are announced already, so its
+// sends go the moment the ack releases them (loom sends eagerly once the receive is posted).
+// Posting window k+2 happens after the ack, while window k+1 is on its way.
+void Session::receive_windows(std::size_t size, std::size_t count) {
+  std::array<std::vector<Pending>, kWindowsPosted> windows;
+  for (auto& window : windows) window.reserve(options_.window);
+  std::vector<Pending> ack;
+  std::size_t posted = 0;
+  const auto post_next = [&](std::vector<Pending>& window) {
+    const std::size_t n = std::min(options_.window, count - posted);
+    if (n > 0) post_receives(message_ + posted, n, size, window);
+    posted += n;
+  };
+  for (auto& window : windows) post_next(window);
+  for (std::size_t k = 0; !windows[k % kWindowsPosted].empty(); ++k) {
+    std::vector<Pending>& window = windows[k % kWindowsPosted];
+    wait_all(window);
+    post_ack(true, ack);
+    wait_all(ack);
+    post_next(window);
+  }
+}
+
+void Session::exchange_windows(std::size_t size, std::size_t count) {
+  std::vector<Pending> pending;
+  pending.reserve(2 * options_.window);
+  for (std::size_t done = 0; done < count;) {
+    const std::size_t n = std::min(options_.window, count - done);
+    post_receives(message_ + done, n, size, pending);
+    post_sends(message_ + done, n, size, pending);
+    wait_all(pending);
+    done += n;
   }
 }
 

@@ -56,7 +56,13 @@ class Session {
   };
 
   void prepare_buffers(std::size_t size);
+  // Windows of receives the server keeps posted (see receive_windows).
+  static constexpr std::size_t kWindowsPosted = 2;
+
   void bandwidth(std::size_t size, std::size_t count, bool timed, Figures& figures);
+  void send_windows(std::size_t size, std::size_t count);
+  void receive_windows(std::size_t size, std::size_t count);
+  void exchange_windows(std::size_t size, std::size_t count);
   void pingpong(std::size_t size, std::size_t count, Figures& figures);
   void post_ack(bool send, std::vector<Pending>& pending);
   void wait_all(std::vector<Pending>& pending);

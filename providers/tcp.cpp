@@ -1,14 +1,27 @@
 // tcp (reached as "tcp;ofi_rxm" for RDM endpoints): one domain per network interface, named
 // after it ("lo", "eth0"); RMA addresses are offsets (no FI_MR_VIRT_ADDR) and keys are chosen by
 // loom (no FI_MR_PROV_KEY). Single-host tests pin LOOM_NICS=lo.
+//
+// rxm over tcp defaults to a shared receive queue of 4096 bounce buffers (16 KiB each) per
+// endpoint. A loom lane's endpoints each talk to one peer, so sharing buys nothing and the pool
+// dominated host memory: fi_p2p_bw --comms 64 grew RSS by 315 MB per process (two lanes), 36 MB
+// with per-connection buffers (rxm's default of 128).
 #include "providers/profile.hpp"
 
 namespace loom::providers {
+namespace {
+
+constexpr EnvDefault kTcpEnv[] = {
+    {"FI_OFI_RXM_USE_SRX", "0",
+     "per-connection receive buffers: a lane's endpoints each talk to one peer"},
+};
+
+}  // namespace
 
 const Profile kTcpProfile{
     .family = "tcp",
     .summary = "tcp;ofi_rxm: domains are interfaces; pin one with LOOM_NICS (e.g. lo for tests)",
-    .env_defaults = {},
+    .env_defaults = kTcpEnv,
 };
 
 }  // namespace loom::providers

@@ -1,6 +1,9 @@
-// verbs (InfiniBand/RoCE), reached as "verbs;ofi_rxm" for RDM endpoints. rxm keeps per-peer
-// receive buffers unless told to share one receive queue; with many communicators that memory
-// dominates, hence the SRX default. Device limits come from rdma-core when loom is built with it.
+// verbs (InfiniBand/RoCE), reached as "verbs;ofi_rxm" for RDM endpoints. rxm's shared receive
+// queue holds 4096 registered 16 KiB bounce buffers per endpoint; without it each connection
+// gets 128. A loom lane's endpoints each talk to one peer (communicators share lanes, not
+// endpoints across peers), so per-connection buffers are the smaller pool: on tcp;ofi_rxm, where
+// the same rxm code runs, the shared queue cost 315 MB against 36 MB (fi_p2p_bw --comms 64).
+// Device limits come from rdma-core when loom is built with it.
 #include "loom_build_config.h"
 #include "providers/profile.hpp"
 
@@ -14,8 +17,8 @@ namespace loom::providers {
 namespace {
 
 constexpr EnvDefault kVerbsEnv[] = {
-    {"FI_OFI_RXM_USE_SRX", "1",
-     "one shared receive queue per endpoint instead of receive buffers per connection"},
+    {"FI_OFI_RXM_USE_SRX", "0",
+     "per-connection receive buffers: a lane's endpoints each talk to one peer"},
 };
 
 #if LOOM_HAVE_IBVERBS

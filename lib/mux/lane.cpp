@@ -15,8 +15,8 @@ constexpr std::size_t kMaxComms = std::size_t{1} << kCommIdBits;
 }  // namespace
 
 Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey key,
-           std::uint64_t id)
-    : key_(key), id_(id) {
+           std::uint64_t id, std::atomic<std::size_t>& deferred_lanes)
+    : key_(key), id_(id), deferred_lanes_(&deferred_lanes) {
   if (placement.data.empty()) throw Error("open lane", "", 0, "no data rail placed");
   const auto& nic = placement.data.front()->attributes();
   if (nic.tag_bits < kUsableTagBits) {
@@ -52,6 +52,7 @@ Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey 
 }
 
 Lane::~Lane() {
+  if (!retries_.empty()) deferred_lanes_->fetch_sub(1, std::memory_order_relaxed);
   control_.reset();
   rails_.reset();
   retired_.clear();
@@ -98,16 +99,21 @@ ofi::Address Lane::peer_address(std::size_t rail, std::span<const std::byte> nam
   return address;
 }
 
+void Lane::run_retries() {
+  if (retries_.empty()) return;
+  deferred_.store(false, std::memory_order_relaxed);
+  deferred_lanes_->fetch_sub(1, std::memory_order_relaxed);
+  retrying_.swap(retries_);
+  for (CommId id : retrying_) {
+    if (id < comms_.size() && comms_[id] != nullptr) comms_[id]->on_retry();
+  }
+  retrying_.clear();
+}
+
 std::size_t Lane::progress() {
   // Batched control messages and posts held back by back-pressure go first, so what the peer
   // waits for leaves before we look for what we wait for.
-  if (!retries_.empty()) {
-    retrying_.swap(retries_);
-    for (CommId id : retrying_) {
-      if (id < comms_.size() && comms_[id] != nullptr) comms_[id]->on_retry();
-    }
-    retrying_.clear();
-  }
+  run_retries();
   const std::size_t handled = rails_->progress();
   control_->retry_reposts();
   return handled;

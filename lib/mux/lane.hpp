@@ -4,6 +4,7 @@
 // the control header (control messages); ids of closed communicators are never delivered to.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -59,7 +60,10 @@ struct LaneStats {
 class Lane final : ofi::RemoteWriteHandler, ControlSink {
  public:
   // Opens the rails where `placement` puts them; depths and cache size from `shape`.
-  Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey key, std::uint64_t id);
+  // `deferred_lanes` counts the lanes with retries scheduled (see LaneRegistry::flush_deferred);
+  // it must outlive the lane.
+  Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey key, std::uint64_t id,
+       std::atomic<std::size_t>& deferred_lanes);
   ~Lane();
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
@@ -79,12 +83,23 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   // the lane's endpoints are closed, so no completion can touch freed memory.
   void retire(std::unique_ptr<CommPort> port);
   // Asks for port.on_retry() at the next progress. The caller asks once until on_retry runs.
-  void schedule_retry(CommId id) { retries_.push_back(id); }
+  void schedule_retry(CommId id) {
+    if (retries_.empty()) {
+      deferred_.store(true, std::memory_order_relaxed);
+      deferred_lanes_->fetch_add(1, std::memory_order_relaxed);
+    }
+    retries_.push_back(id);
+  }
+  // Whether retries are scheduled; readable without the lane's mutex (a hint, not a promise).
+  [[nodiscard]] bool deferred() const noexcept { return deferred_.load(std::memory_order_relaxed); }
 
   // The peer's address on rail `rail`, inserted into that rail's AV once.
   ofi::Address peer_address(std::size_t rail, std::span<const std::byte> name);
 
+  // Runs the scheduled retries, then polls the completion queues.
   std::size_t progress();
+  // Only the scheduled retries: batched control messages and posts back-pressure held back.
+  void run_retries();
 
   [[nodiscard]] LaneStats stats() const noexcept;
 
@@ -117,6 +132,8 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   CommId next_id_ = 0;
   std::vector<CommId> retries_;
   std::vector<CommId> retrying_;
+  std::atomic<bool> deferred_{false};
+  std::atomic<std::size_t>* deferred_lanes_;
   std::map<std::pair<std::size_t, std::vector<std::byte>>, ofi::Address> peers_;
   std::mutex mutex_;
   LaneStats stats_;

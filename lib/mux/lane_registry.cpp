@@ -20,7 +20,7 @@ Lane& LaneRegistry::join(const LaneKey& key, const ofi::RailPlacement& placement
   Entry& entry = lanes_[key];
   if (!entry.lane) {
     try {
-      entry.lane = std::make_unique<Lane>(placement, shape_, key, next_lane_id_++);
+      entry.lane = std::make_unique<Lane>(placement, shape_, key, next_lane_id_++, deferred_lanes_);
     } catch (...) {
       lanes_.erase(key);
       throw;
@@ -76,6 +76,16 @@ void LaneRegistry::progress_another(const Lane& busy) {
   // The registry lock is held throughout: leave() cannot destroy the lane meanwhile.
   std::unique_lock lane_lock(lane->mutex(), std::try_to_lock);
   if (lane_lock.owns_lock()) lane->progress();
+}
+
+void LaneRegistry::flush_deferred(const Lane& busy) {
+  std::unique_lock registry(mutex_, std::try_to_lock);
+  if (!registry.owns_lock()) return;
+  for (Lane* lane : order_) {
+    if (lane == &busy || !lane->deferred()) continue;
+    std::unique_lock lane_lock(lane->mutex(), std::try_to_lock);
+    if (lane_lock.owns_lock()) lane->run_retries();
+  }
 }
 
 RegistryStats LaneRegistry::stats() const {

@@ -215,11 +215,13 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
     if ((++liveness_polls_ & (kPollsPerLivenessCheck - 1)) == 0) [[unlikely]]
       check_peer();
     lock.unlock();
+    mux::LaneRegistry& lanes = core_->lanes();
+    if (lanes.has_deferred()) lanes.flush_deferred(*lane_);
     // Our lane had nothing to do: now and then give another a turn (see
     // LaneRegistry::progress_another). Not every time: on shm each poll contends for the
     // peer's queue lock.
     if (handled == 0 && (++idle_polls_ & (kIdlePollsPerKick - 1)) == 0) {
-      core_->lanes().progress_another(*lane_);
+      lanes.progress_another(*lane_);
     }
     return Status::kOk;
   }

@@ -20,7 +20,8 @@ SendCommImpl::SendCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane)
     : Comm(std::move(core), lane, mux::Direction::kSend),
       min_stripe_(core_->config().min_stripe),
       clearances_(kSeqWindow),
-      keys_(kSeqWindow * kMaxDataRails),
+      key_stride_(lane.rails().data_rails()),
+      keys_(kSeqWindow * key_stride_),
       waiting_(kSeqWindow, nullptr) {
   batched_.reserve(kMaxBatch);
 }
@@ -33,6 +34,10 @@ std::uint8_t SendCommImpl::stripe_count(std::size_t size) const noexcept {
 Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const MemoryRegion& region,
                            Request*& request) {
   request = nullptr;
+  // Clear-to-sends batched on our receive lanes go before this message: the peer may be
+  // waiting for them to send what we wait for next (it could be what this message releases).
+  if (mux::LaneRegistry& lanes = core_->lanes(); lanes.has_deferred()) [[unlikely]]
+    lanes.flush_deferred(*lane_);
   std::lock_guard lock(lane_->mutex());
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "isend on a closed communicator");
@@ -77,6 +82,14 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
 void SendCommImpl::advance(Request& r) {
   Part& part = r.parts[0];
   const bool sendable = !r.abandoned && !part.done;
+  // A message larger than the receiver's buffer never goes eagerly: rxm over tcp with
+  // per-connection receive buffers (1.17) drops the connection on a truncated receive. A
+  // ready-to-send tells the receiver the size instead, and it fails the receive as it does for
+  // a rendezvous message; no payload is written.
+  if (r.eager && r.cts_matched && r.status == Status::kTruncated && !r.eager_posted) {
+    r.eager = false;
+    r.stripes = 1;
+  }
   if (r.eager) {
     const std::size_t rail = data_rails_ == 0 ? 0 : part.seq % data_rails_;
     if (!r.eager_posted && sendable && r.cts_matched) {
@@ -143,7 +156,7 @@ void SendCommImpl::flush_control() {
 void SendCommImpl::post_stripes(Request& r) {
   Part& part = r.parts[0];
   const Clearance& clearance = clearances_[part.seq % kSeqWindow];
-  const std::uint64_t* keys = &keys_[(part.seq % kSeqWindow) * kMaxDataRails];
+  const std::uint64_t* keys = &keys_[(part.seq % kSeqWindow) * key_stride_];
   const std::uint32_t immediate = mux::encode_immediate(
       {peer_id_, static_cast<std::uint16_t>(part.seq & mux::kImmSeqMask), r.stripes});
   const std::size_t base = part.size / r.stripes;
@@ -236,9 +249,11 @@ void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
     const CtsEntryView entry = cts.entry(i);
     const std::size_t slot = entry.seq % kSeqWindow;
     clearances_[slot] = Clearance{true, entry.seq, entry.size, entry.tag, entry.address};
-    // All the keys the message carries: it can arrive before our own handshake finished
-    // (data_rails_ still 0) when the receiver posts right after accepting.
-    std::memcpy(&keys_[slot * kMaxDataRails], entry.keys, 8 * cts.data_rails());
+    // The keys of every rail our lane has (data_rails_ never exceeds it): the message can
+    // arrive before our own handshake finished (data_rails_ still 0) when the receiver posts
+    // right after accepting.
+    std::memcpy(&keys_[slot * key_stride_], entry.keys,
+                8 * std::min(key_stride_, cts.data_rails()));
     Request* r = waiting_[slot];
     if (r != nullptr && r->in_use && r->kind == RequestKind::kSend &&
         r->parts[0].seq == entry.seq && !r->cts_matched) {

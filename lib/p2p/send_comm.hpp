@@ -39,7 +39,8 @@ class SendCommImpl final : public Comm {
   std::uint32_t next_seq_ = 0;
   std::size_t min_stripe_;
   std::vector<Clearance> clearances_;  // by seq % kSeqWindow
-  std::vector<std::uint64_t> keys_;    // kSeqWindow x kMaxDataRails remote keys
+  std::size_t key_stride_;             // the lane's data rails
+  std::vector<std::uint64_t> keys_;    // kSeqWindow x key_stride_ remote keys
   std::vector<Request*> waiting_;      // sends by seq % kSeqWindow
   ReadyToSend batch_;                  // ready-to-sends not sent yet
   std::vector<Request*> batched_;      // the requests they belong to

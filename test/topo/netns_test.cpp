@@ -5,6 +5,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -191,9 +192,16 @@ void check_traffic(const Leg& leg, const std::map<std::string, Traffic>& before,
                    bool receiving) {
   const std::size_t share = size / leg.nics.size();
   for (const auto& ifname : leg.nics) {
-    const Traffic now = traffic(ifname);
-    const std::uint64_t moved =
-        receiving ? now.rx - before.at(ifname).rx : now.tx - before.at(ifname).tx;
+    // A send completes once tcp holds the bytes; the kernel may still be sending the last of
+    // them, so the sender's counter gets a moment to catch up.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    std::uint64_t moved = 0;
+    for (;;) {
+      const Traffic now = traffic(ifname);
+      moved = receiving ? now.rx - before.at(ifname).rx : now.tx - before.at(ifname).tx;
+      if (moved >= share * 9 / 10 || std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
     require(moved >= share * 9 / 10, ifname + " carried " + std::to_string(moved) +
                                          " bytes, expected at least " +
                                          std::to_string(share * 9 / 10));
