@@ -201,6 +201,12 @@ Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const s
   return status;
 }
 
+void Comm::flush_other_lanes() {
+  mux::LaneRegistry& lanes = core_->lanes();
+  if (lanes.has_deferred()) [[unlikely]]
+    lanes.flush_deferred(*lane_);
+}
+
 Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
   done = false;
   if (request < requests_.data() || request >= requests_.data() + requests_.size() ||
@@ -215,13 +221,12 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
     if ((++liveness_polls_ & (kPollsPerLivenessCheck - 1)) == 0) [[unlikely]]
       check_peer();
     lock.unlock();
-    mux::LaneRegistry& lanes = core_->lanes();
-    if (lanes.has_deferred()) lanes.flush_deferred(*lane_);
+    flush_other_lanes();
     // Our lane had nothing to do: now and then give another a turn (see
     // LaneRegistry::progress_another). Not every time: on shm each poll contends for the
     // peer's queue lock.
     if (handled == 0 && (++idle_polls_ & (kIdlePollsPerKick - 1)) == 0) {
-      lanes.progress_another(*lane_);
+      core_->lanes().progress_another(*lane_);
     }
     return Status::kOk;
   }

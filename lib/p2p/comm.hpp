@@ -99,6 +99,9 @@ class Comm : public mux::CommPort {
       lane_->schedule_retry(id_);
     }
   }
+  // Sends what other lanes of the context batched for their next progress (see
+  // LaneRegistry::flush_deferred); costs one relaxed load when there is nothing.
+  void flush_other_lanes();
   // Cancels posted receives of `request` (closing); the cancellations complete later.
   virtual void cancel(Request& request) = 0;
 

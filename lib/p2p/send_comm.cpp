@@ -36,8 +36,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   request = nullptr;
   // Clear-to-sends batched on our receive lanes go before this message: the peer may be
   // waiting for them to send what we wait for next (it could be what this message releases).
-  if (mux::LaneRegistry& lanes = core_->lanes(); lanes.has_deferred()) [[unlikely]]
-    lanes.flush_deferred(*lane_);
+  flush_other_lanes();
   std::lock_guard lock(lane_->mutex());
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "isend on a closed communicator");
@@ -75,21 +74,14 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
 
 // A clear-to-send that shows a mismatch does not stop the eager message or the ready-to-send:
 // the receiver must reach the same verdict from what it gets, or its request would never end.
-// Only payload writes are skipped.
+// Only payload writes are skipped, and a too-large eager message goes as a ready-to-send (see
+// match()).
 //
 // An eager message goes once its clear-to-send came: the receive is posted then, so the message
 // never waits in the provider's bounded unexpected-message pool (see Lane::may_post_receive).
 void SendCommImpl::advance(Request& r) {
   Part& part = r.parts[0];
   const bool sendable = !r.abandoned && !part.done;
-  // A message larger than the receiver's buffer never goes eagerly: rxm over tcp with
-  // per-connection receive buffers (1.17) drops the connection on a truncated receive. A
-  // ready-to-send tells the receiver the size instead, and it fails the receive as it does for
-  // a rendezvous message; no payload is written.
-  if (r.eager && r.cts_matched && r.status == Status::kTruncated && !r.eager_posted) {
-    r.eager = false;
-    r.stripes = 1;
-  }
   if (r.eager) {
     const std::size_t rail = data_rails_ == 0 ? 0 : part.seq % data_rails_;
     if (!r.eager_posted && sendable && r.cts_matched) {
@@ -194,6 +186,11 @@ void SendCommImpl::match(Request& r) {
                                    " bytes is larger than the peer's posted buffer of " +
                                    std::to_string(clearance.size) + " bytes (message " +
                                    std::to_string(part.seq) + ")");
+    // Never a truncated receive on the wire (rxm over tcp without a shared receive queue drops
+    // the connection on one): the receiver learns the size from a ready-to-send instead and
+    // fails the receive as it does for rendezvous; no payload is written.
+    r.eager = false;
+    r.stripes = 1;
   } else if (clearance.tag != part.tag) {
     r.fail(Status::kInvalid,
            "isend: tag " + std::to_string(part.tag) + " does not match the peer's buffer tag " +
