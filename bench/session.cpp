@@ -114,8 +114,12 @@ void Session::prepare_buffers(std::size_t size) {
   prepared_size_ = size;
 }
 
+// Each communicator is tested once per pass while its oldest pending request is not done:
+// testing its later ones in the same pass would read the same completion queue again for
+// nothing (a system call on tcp; on shm a locked instruction on the line the sender writes).
 void Session::wait_all(std::vector<Pending>& pending) {
   std::size_t left = pending.size();
+  busy_pass_.resize(send_.size() + recv_.size());
   // A peer that stops answering becomes an error, not a hang.
   const auto patience = std::chrono::seconds(options_.timeout_s);
   auto deadline = Clock::now() + patience;
@@ -130,8 +134,9 @@ void Session::wait_all(std::vector<Pending>& pending) {
                                  std::to_string(patience.count()) + " s");
       }
     }
+    const std::uint64_t pass = ++pass_;
     for (Pending& p : pending) {
-      if (p.request == nullptr) continue;
+      if (p.request == nullptr || busy_pass_[p.comm_slot] == pass) continue;
       bool done = false;
       std::size_t delivered = 0;
       const Status status = p.comm->test(p.request, done, {&delivered, 1});
@@ -139,7 +144,10 @@ void Session::wait_all(std::vector<Pending>& pending) {
         throw std::runtime_error("message " + std::to_string(p.index) + ": " +
                                  std::string(to_string(status)) + ": " + p.comm->last_error());
       }
-      if (!done) continue;
+      if (!done) {
+        busy_pass_[p.comm_slot] = pass;
+        continue;
+      }
       p.request = nullptr;
       --left;
       progressed = true;
@@ -175,7 +183,7 @@ void Session::post_sends(std::size_t first, std::size_t count, std::size_t size,
     if (status != Status::kOk) {
       throw std::runtime_error("isend: " + send_[comm]->last_error());
     }
-    pending.push_back({send_[comm].get(), request, k, nullptr, size});
+    pending.push_back({send_[comm].get(), request, k, nullptr, size, comm});
   }
 }
 
@@ -189,7 +197,7 @@ void Session::post_receives(std::size_t first, std::size_t count, std::size_t si
     if (recv_[comm]->irecv({&buffer, 1}, request) != Status::kOk) {
       throw std::runtime_error("irecv: " + recv_[comm]->last_error());
     }
-    pending.push_back({recv_[comm].get(), request, k, data, size});
+    pending.push_back({recv_[comm].get(), request, k, data, size, send_.size() + comm});
   }
 }
 
@@ -215,14 +223,18 @@ void Session::bandwidth(std::size_t size, std::size_t count, bool timed, Figures
   }
 }
 
+// The ack's receive is posted first (its clear-to-send leaves with the first send) but waited
+// for last: polling its lane while sends are in flight would only take turns from theirs.
 void Session::send_windows(std::size_t size, std::size_t count) {
   std::vector<Pending> pending;
-  pending.reserve(options_.window + 1);
+  std::vector<Pending> ack;
+  pending.reserve(options_.window);
   for (std::size_t done = 0; done < count;) {
     const std::size_t n = std::min(options_.window, count - done);
-    post_ack(false, pending);
+    post_ack(false, ack);
     post_sends(message_ + done, n, size, pending);
     wait_all(pending);
+    wait_all(ack);
     done += n;
   }
 }
@@ -271,11 +283,11 @@ void Session::post_ack(bool send, std::vector<Pending>& pending) {
   Status status;
   if (send) {
     status = send_[0]->isend(ack_.data(), ack_.size(), kAckTag, ack_send_region_, request);
-    pending.push_back({send_[0].get(), request, 0, nullptr, ack_.size()});
+    pending.push_back({send_[0].get(), request, 0, nullptr, ack_.size(), 0});
   } else {
     RecvBuffer buffer{ack_.data(), ack_.size(), kAckTag, ack_recv_region_};
     status = recv_[0]->irecv({&buffer, 1}, request);
-    pending.push_back({recv_[0].get(), request, 0, nullptr, ack_.size()});
+    pending.push_back({recv_[0].get(), request, 0, nullptr, ack_.size(), send_.size()});
   }
   if (status != Status::kOk)
     throw std::runtime_error("window ack: " + std::string(to_string(status)));

@@ -53,6 +53,7 @@ class Session {
     std::size_t index;  // message number, for verification
     std::byte* data;
     std::size_t size;
+    std::size_t comm_slot;  // send comm i: i; receive comm i: send_.size() + i
   };
 
   void prepare_buffers(std::size_t size);
@@ -85,6 +86,8 @@ class Session {
   MemoryRegion ack_recv_region_;
   std::size_t slots_ = 0;
   std::size_t prepared_size_ = static_cast<std::size_t>(-1);
+  std::vector<std::uint64_t> busy_pass_;  // by comm slot: the wait_all pass that found it busy
+  std::uint64_t pass_ = 0;
   std::uint64_t message_ = 0;  // running message number: patterns differ per message
 };
 

@@ -21,6 +21,7 @@ struct Config {
   unsigned ngroups = 1;                 // LOOM_NGROUPS
   unsigned qp_depth_multiplier = 1;     // LOOM_QP_DEPTH_MULTIPLIER
   std::size_t eager_max = 16384;        // LOOM_EAGER_MAX
+  std::size_t inject_max = 4096;        // LOOM_INJECT_MAX
   std::size_t min_stripe = 262144;      // LOOM_MIN_STRIPE
   std::size_t mr_cache_entries = 1024;  // LOOM_MR_CACHE_ENTRIES
   std::string log_level = "warn";       // LOOM_LOG_LEVEL

@@ -151,8 +151,8 @@ void ControlChannel::on_completion(ofi::OpContext& op, const ofi::Completion& co
     std::span<const std::byte> message{rx_buffer(slot), completion.length};
     if (auto header = decode_control_header(message)) {
       ++stats_.received;
-      util::log().trace("control type {} for comm {} ({} bytes) on {} slot {}", header->type,
-                        header->comm, header->length, rails_[slot.rail]->describe(), slot.index);
+      util::log().trace("control type {} for comm {} ({} bytes) on control rail {} slot {}",
+                        header->type, header->comm, header->length, slot.rail, slot.index);
       sink_->on_control(*header, message.subspan(kControlHeaderBytes));
     } else {
       ++stats_.invalid;

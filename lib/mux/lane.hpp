@@ -16,6 +16,7 @@
 #include "mux/control_channel.hpp"
 #include "mux/routing.hpp"
 #include "ofi/rail_set.hpp"
+#include "util/spin_lock.hpp"
 
 namespace loom::ofi {
 class Nic;
@@ -73,7 +74,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   [[nodiscard]] ofi::RailSet& rails() noexcept { return *rails_; }
   [[nodiscard]] ControlChannel& control() noexcept { return *control_; }
   // Held by a communicator for every call it makes; completions are dispatched under it.
-  [[nodiscard]] std::mutex& mutex() noexcept { return mutex_; }
+  [[nodiscard]] util::SpinLock& mutex() noexcept { return mutex_; }
 
   // Gives `port` a comm id unique on this lane. Throws loom::Error when all ids are taken.
   CommId attach(CommPort& port);
@@ -135,7 +136,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   std::atomic<bool> deferred_{false};
   std::atomic<std::size_t>* deferred_lanes_;
   std::map<std::pair<std::size_t, std::vector<std::byte>>, ofi::Address> peers_;
-  std::mutex mutex_;
+  util::SpinLock mutex_;
   LaneStats stats_;
   std::vector<std::size_t> receives_posted_;  // per data rail
   std::vector<std::size_t> receive_limit_;    // per data rail

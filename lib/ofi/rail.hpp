@@ -96,6 +96,9 @@ class Rail {
   Status recv(void* buffer, std::size_t length, void* desc, OpContext* op);
   Status tagged_send(Address peer, const void* buffer, std::size_t length, void* desc,
                      std::uint64_t tag, std::uint32_t data, OpContext* op);
+  // No completion, no descriptor; `length` at most the NIC's inject_size, host memory only.
+  Status tagged_inject(Address peer, const void* buffer, std::size_t length, std::uint64_t tag,
+                       std::uint32_t data);
   Status tagged_recv(void* buffer, std::size_t length, void* desc, std::uint64_t tag,
                      std::uint64_t ignore, OpContext* op);
   Status write(Address peer, const void* buffer, std::size_t length, void* desc,

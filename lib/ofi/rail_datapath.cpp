@@ -61,6 +61,15 @@ Status Rail::tagged_send(Address peer, const void* buffer, std::size_t length, v
   return Status::kOk;
 }
 
+Status Rail::tagged_inject(Address peer, const void* buffer, std::size_t length, std::uint64_t tag,
+                           std::uint32_t data) {
+  long rc = fi_tinjectdata(endpoint_.get(), buffer, length, data, peer, tag);
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_tinjectdata", rc);
+  stats_.bytes_sent += length;
+  return Status::kOk;
+}
+
 Status Rail::tagged_recv(void* buffer, std::size_t length, void* desc, std::uint64_t tag,
                          std::uint64_t ignore, OpContext* op) {
   long rc = fi_trecv(endpoint_.get(), buffer, length, desc, FI_ADDR_UNSPEC, tag, ignore, op);

@@ -1,5 +1,6 @@
 #include "p2p/comm.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -26,6 +27,7 @@ void Request::on_completion(ofi::OpContext& op, const ofi::Completion& completio
 
 Comm::Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction direction)
     : core_(std::move(core)),
+      lanes_(core_->lanes()),
       lane_(&lane),
       direction_(direction),
       eager_max_(core_->config().eager_max),
@@ -64,8 +66,10 @@ void Comm::connect_peer(const LaneAddresses& peer) {
   data_rails_ = std::min(rails.data_rails(), peer.data.size());
   control_rails_ = std::min(rails.control_rails(), peer.control.size());
   peer_id_ = peer.comm;
+  inject_max_ = core_->config().inject_max;
   for (std::size_t i = 0; i < data_rails_; ++i) {
     peer_data_.push_back(lane_->peer_address(i, peer.data[i]));
+    inject_max_ = std::min(inject_max_, rails.data(i).nic().attributes().inject_size);
   }
   for (std::size_t i = 0; i < control_rails_; ++i) {
     peer_control_.push_back(lane_->peer_address(rails.data_rails() + i, peer.control[i]));
@@ -156,19 +160,6 @@ Request* Comm::allocate(RequestKind kind) {
   return &r;
 }
 
-bool Comm::finished(const Request& r) const noexcept {
-  if (r.ops_outstanding != 0) return false;
-  // The peer must have heard what it waits for: a receive's clear-to-send (its sender cannot
-  // finish without it, even when the data already came), a rendezvous send's ready-to-send.
-  const bool told = r.kind == RequestKind::kRecv               ? r.cts_sent
-                    : r.kind == RequestKind::kSend && !r.eager ? r.rts_sent || r.abandoned
-                                                               : true;
-  if (!told && !closed_ && !peer_closed_) return false;
-  for (std::size_t i = 0; i < r.part_count; ++i)
-    if (!r.parts[i].done) return false;
-  return true;
-}
-
 void Comm::queue_retry(Request& request) {
   if (!request.queued) {
     request.queued = true;
@@ -201,12 +192,6 @@ Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const s
   return status;
 }
 
-void Comm::flush_other_lanes() {
-  mux::LaneRegistry& lanes = core_->lanes();
-  if (lanes.has_deferred()) [[unlikely]]
-    lanes.flush_deferred(*lane_);
-}
-
 Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
   done = false;
   if (request < requests_.data() || request >= requests_.data() + requests_.size() ||
@@ -216,8 +201,13 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
   std::unique_lock lock(lane_->mutex());
   // An earlier CQ read may already have finished it: only poll (a system call on some
   // providers) for requests still pending.
-  const std::size_t handled = finished(*request) ? 1 : lane_->progress();
-  if (!finished(*request)) {
+  std::size_t handled = 1;
+  bool ready = finished(*request);
+  if (!ready) {
+    handled = lane_->progress();
+    ready = finished(*request);
+  }
+  if (!ready) {
     if ((++liveness_polls_ & (kPollsPerLivenessCheck - 1)) == 0) [[unlikely]]
       check_peer();
     lock.unlock();
@@ -226,7 +216,7 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
     // LaneRegistry::progress_another). Not every time: on shm each poll contends for the
     // peer's queue lock.
     if (handled == 0 && (++idle_polls_ & (kIdlePollsPerKick - 1)) == 0) {
-      core_->lanes().progress_another(*lane_);
+      lanes_.progress_another(*lane_);
     }
     return Status::kOk;
   }

@@ -14,6 +14,7 @@
 
 #include "loom/p2p.hpp"
 #include "mux/lane.hpp"
+#include "mux/lane_registry.hpp"
 #include "p2p/messages.hpp"
 #include "p2p/request.hpp"
 
@@ -74,7 +75,19 @@ class Comm : public mux::CommPort {
                                         std::size_t size);
   Status reject(Status status, std::string text);  // records last_error_
   void queue_retry(Request& request);
-  [[nodiscard]] bool finished(const Request& request) const noexcept;
+  // Inline: test() asks it once or twice per call.
+  [[nodiscard]] bool finished(const Request& r) const noexcept {
+    if (r.ops_outstanding != 0) return false;
+    // The peer must have heard what it waits for: a receive's clear-to-send (its sender cannot
+    // finish without it, even when the data already came), a rendezvous send's ready-to-send.
+    const bool told = r.kind == RequestKind::kRecv               ? r.cts_sent
+                      : r.kind == RequestKind::kSend && !r.eager ? r.rts_sent || r.abandoned
+                                                                 : true;
+    if (!told && !closed_ && !peer_closed_) return false;
+    for (std::size_t i = 0; i < r.part_count; ++i)
+      if (!r.parts[i].done) return false;
+    return true;
+  }
   // Sends a control message to the peer: kOk, kRetry (back-pressure) or kError (logged).
   Status send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body);
   // Every request fails with `status`/`text`; posted receives are cancelled.
@@ -101,13 +114,17 @@ class Comm : public mux::CommPort {
   }
   // Sends what other lanes of the context batched for their next progress (see
   // LaneRegistry::flush_deferred); costs one relaxed load when there is nothing.
-  void flush_other_lanes();
+  void flush_other_lanes() {
+    if (lanes_.has_deferred()) [[unlikely]]
+      lanes_.flush_deferred(*lane_);
+  }
   // Cancels posted receives of `request` (closing); the cancellations complete later.
   virtual void cancel(Request& request) = 0;
 
   void on_retry() override;
 
   std::shared_ptr<ContextCore> core_;
+  mux::LaneRegistry& lanes_;  // core_'s, held here for the hot path
   mux::Lane* lane_;
   mux::Direction direction_;
   mux::CommId id_ = 0;
@@ -117,6 +134,7 @@ class Comm : public mux::CommPort {
   std::vector<ofi::Address> peer_data_;
   std::vector<ofi::Address> peer_control_;
   std::size_t eager_max_;
+  std::size_t inject_max_ = 0;  // eager sends up to this size are injected (no completion)
   bool closed_ = false;
   bool peer_closed_ = false;  // closed, dead or unreachable: peer_gone_ says which
   std::string peer_gone_;

@@ -83,16 +83,29 @@ void SendCommImpl::advance(Request& r) {
   Part& part = r.parts[0];
   const bool sendable = !r.abandoned && !part.done;
   if (r.eager) {
-    const std::size_t rail = data_rails_ == 0 ? 0 : part.seq % data_rails_;
+    // No division for the common single rail: it would cost more than the rest of the choice.
+    const std::size_t rail = data_rails_ <= 1 ? 0 : part.seq % data_rails_;
     if (!r.eager_posted && sendable && r.cts_matched) {
       ofi::Rail& data_rail = lane_->rails().data(rail);
-      const Status status = data_rail.tagged_send(
-          peer_data_[rail], part.data, part.size,
-          part.registration ? part.registration->desc(rail) : nullptr,
-          mux::encode_tag({mux::TagKind::kEager, peer_id_, part.seq}), part.tag, &r.ops[0]);
+      const std::uint64_t wire_tag = mux::encode_tag({mux::TagKind::kEager, peer_id_, part.seq});
+      // An inject leaves no completion to generate and read: on shm that is a CQ write less
+      // under the receiver's queue lock, which both processes take for every message.
+      const bool inject =
+          part.size <= inject_max_ &&
+          (part.registration == nullptr || part.registration->type() == MemoryType::kHost);
+      const Status status =
+          inject
+              ? data_rail.tagged_inject(peer_data_[rail], part.data, part.size, wire_tag, part.tag)
+              : data_rail.tagged_send(peer_data_[rail], part.data, part.size,
+                                      part.registration ? part.registration->desc(rail) : nullptr,
+                                      wire_tag, part.tag, &r.ops[0]);
       if (status == Status::kOk) {
         r.eager_posted = true;
-        ++r.ops_outstanding;
+        if (inject) {
+          r.local_done = true;
+        } else {
+          ++r.ops_outstanding;
+        }
       } else if (status == Status::kRetry) {
         queue_retry(r);
       } else {

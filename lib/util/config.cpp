@@ -155,6 +155,9 @@ constexpr Row kTable[] = {
   {{"LOOM_EAGER_MAX", "16k", "largest message sent eagerly (tagged send); larger ones use "
     "RDMA-write rendezvous"},
    Number<&Config::eager_max, 0, 1ull << 24>::set, Number<&Config::eager_max, 0, 1ull << 24>::check},
+  {{"LOOM_INJECT_MAX", "4k", "largest eager message sent by fi_tinjectdata (no send completion) "
+    "where the provider's inject size allows it; 0 = never"},
+   Number<&Config::inject_max, 0, 1ull << 20>::set, Number<&Config::inject_max, 0, 1ull << 20>::check},
   {{"LOOM_MIN_STRIPE", "256k", "smallest piece a rendezvous message is split into across data "
     "rails"},
    Number<&Config::min_stripe, 4096, kMaxBytes>::set,
