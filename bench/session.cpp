@@ -102,7 +102,7 @@ void Session::prepare_buffers(std::size_t size) {
   const std::size_t slot = std::max<std::size_t>(size, 1);
   // As fabtests does, every message of a window uses one buffer on each side; verified runs
   // need a buffer per message in flight (the server has two windows of receives posted).
-  slots_ = options_.verify ? kWindowsPosted * options_.window : 1;
+  slots_ = options_.verify ? windows_posted() * options_.window : 1;
   send_buffer_.assign(slots_ * slot, std::byte{0x5A});
   recv_buffer_.assign(slots_ * slot, std::byte{0});
   for (auto& comm : send_) {
@@ -112,6 +112,15 @@ void Session::prepare_buffers(std::size_t size) {
     recv_regions_.push_back(comm->register_memory(recv_buffer_.data(), recv_buffer_.size()));
   }
   prepared_size_ = size;
+}
+
+void PageBuffer::assign(std::size_t size, std::byte fill) {
+  constexpr std::size_t kPage = 4096;
+  const std::size_t rounded = (std::max<std::size_t>(size, 1) + kPage - 1) / kPage * kPage;
+  data_.reset(static_cast<std::byte*>(std::aligned_alloc(kPage, rounded)));
+  if (!data_) throw std::bad_alloc();
+  std::memset(data_.get(), static_cast<int>(fill), rounded);
+  size_ = size;
 }
 
 // Each communicator is tested once per pass while its oldest pending request is not done:
@@ -243,8 +252,14 @@ void Session::send_windows(std::size_t size, std::size_t count) {
 // comes next does: while window k arrives, window k+1's buffers are announced already, so its
 // sends go the moment the ack releases them (loom sends eagerly once the receive is posted).
 // Posting window k+2 happens after the ack, while window k+1 is on its way.
+std::size_t Session::windows_posted() const {
+  const std::size_t comms = std::max<std::size_t>(recv_.size(), 1);
+  const std::size_t per_comm = (kWindowsPosted * options_.window + comms - 1) / comms;
+  return per_comm <= kMaxRequestsPerComm ? kWindowsPosted : 1;
+}
+
 void Session::receive_windows(std::size_t size, std::size_t count) {
-  std::array<std::vector<Pending>, kWindowsPosted> windows;
+  std::vector<std::vector<Pending>> windows(windows_posted());
   for (auto& window : windows) window.reserve(options_.window);
   std::vector<Pending> ack;
   std::size_t posted = 0;
@@ -254,8 +269,8 @@ void Session::receive_windows(std::size_t size, std::size_t count) {
     posted += n;
   };
   for (auto& window : windows) post_next(window);
-  for (std::size_t k = 0; !windows[k % kWindowsPosted].empty(); ++k) {
-    std::vector<Pending>& window = windows[k % kWindowsPosted];
+  for (std::size_t k = 0; !windows[k % windows.size()].empty(); ++k) {
+    std::vector<Pending>& window = windows[k % windows.size()];
     wait_all(window);
     post_ack(true, ack);
     wait_all(ack);

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -11,6 +13,23 @@
 #include "options.hpp"
 
 namespace loom::bench {
+
+// Message buffers start on a page boundary, as fabtests' do. Where they did not (a vector's
+// heap block, 16 bytes past a page), every shm copy into or out of them ran misaligned with
+// the provider's page-aligned bounce buffers, and rep movsb is several times slower so.
+class PageBuffer {
+ public:
+  void assign(std::size_t size, std::byte fill);
+  [[nodiscard]] std::byte* data() const noexcept { return data_.get(); }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<std::byte[], Free> data_;
+  std::size_t size_ = 0;
+};
 
 struct Figures {
   std::size_t size = 0;
@@ -57,8 +76,10 @@ class Session {
   };
 
   void prepare_buffers(std::size_t size);
-  // Windows of receives the server keeps posted (see receive_windows).
+  // Windows of receives the server keeps posted (see receive_windows): two where each
+  // communicator's share fits its request pool, else one.
   static constexpr std::size_t kWindowsPosted = 2;
+  [[nodiscard]] std::size_t windows_posted() const;
 
   void bandwidth(std::size_t size, std::size_t count, bool timed, Figures& figures);
   void send_windows(std::size_t size, std::size_t count);
@@ -75,13 +96,15 @@ class Session {
   const Options& options_;
   Oob& oob_;
   std::unique_ptr<Context> context_;
+  // Declared before the communicators so that they outlive them: a communicator closed on an
+  // error can still have a receive or a peer's write landing in them until it is gone.
+  PageBuffer send_buffer_;
+  PageBuffer recv_buffer_;
+  std::array<std::byte, 4> ack_{};
   std::vector<std::unique_ptr<SendComm>> send_;
   std::vector<std::unique_ptr<RecvComm>> recv_;
-  std::vector<std::byte> send_buffer_;
-  std::vector<std::byte> recv_buffer_;
   std::vector<MemoryRegion> send_regions_;
   std::vector<MemoryRegion> recv_regions_;
-  std::array<std::byte, 4> ack_{};
   MemoryRegion ack_send_region_;
   MemoryRegion ack_recv_region_;
   std::size_t slots_ = 0;

@@ -38,6 +38,8 @@ using Tag = std::uint32_t;
 using Request = p2p::Request;
 
 inline constexpr std::size_t kMaxRecvBuffers = 8;
+// Requests one communicator keeps in flight; one more is refused with kRetry.
+inline constexpr std::size_t kMaxRequestsPerComm = 128;
 inline constexpr std::size_t kMaxHandleBytes = 128;
 
 // What listen() gives and connect() takes: at most 128 bytes, to be passed to the peer by any

@@ -24,7 +24,7 @@ class ContextCore;
 
 // Requests in flight per communicator, and the sequence window that covers every buffer they
 // can hold. Remote CQ data carries 12 sequence bits, so the window must divide 4096.
-inline constexpr std::size_t kMaxRequests = 128;
+inline constexpr std::size_t kMaxRequests = kMaxRequestsPerComm;
 inline constexpr std::size_t kSeqWindow = 1024;
 // Idle test() calls between turns given to another lane (a power of two).
 inline constexpr unsigned kIdlePollsPerKick = 16;
