@@ -1,6 +1,7 @@
-// A completion queue shared by the rails of a rail set on one NIC. Polling one CQ per NIC
-// instead of one per endpoint matters on providers whose fi_cq_read costs a system call
-// (tcp;ofi_rxm polls its sockets inside it): a lane's progress is one read, not R + C.
+// A completion queue shared by the rails of one role (data or control) of a rail set on one
+// NIC: a lane's progress is one read per NIC for its data rails, however many, and one for its
+// control rails, which RailSet::progress skips while data flows and control is quiet. (Below
+// us, rxm gives each endpoint a CQ of its own, so every read costs a poll() per endpoint bound.)
 // Completions route by context; remote writes, which carry no context of ours, go to the
 // queue's RemoteWriteHandler.
 #pragma once

@@ -60,18 +60,21 @@ RailSet::RailSet(const RailPlacement& placement, const RailSetShape& shape)
   auto nic_of = [&](std::size_t i) {
     return i < data_rails_ ? placement.data[i] : placement.control[i - data_rails_];
   };
-  // One CQ per NIC, sized for every rail it serves.
-  std::vector<Nic*> nics;
+  // One CQ per NIC and role, sized for every rail it serves; data CQs first (see progress()).
+  std::vector<Nic*> nics;  // by CQ
   std::vector<std::size_t> cq_of(total);
   std::vector<std::size_t> cq_sizes;
   std::vector<RailDepths> depths(total);
   for (std::size_t i = 0; i < total; ++i) {
     Nic* nic = nic_of(i);
-    auto it = std::find(nics.begin(), nics.end(), nic);
-    cq_of[i] = static_cast<std::size_t>(it - nics.begin());
-    if (it == nics.end()) {
+    const bool data = i < data_rails_;
+    std::size_t cq = data ? 0 : data_cqs_;
+    while (cq < nics.size() && nics[cq] != nic) ++cq;
+    cq_of[i] = cq;
+    if (cq == nics.size()) {
       nics.push_back(nic);
       cq_sizes.push_back(0);
+      if (data) ++data_cqs_;
     }
     depths[i] = clamp_depths(*nic, shape.depths);
     cq_sizes[cq_of[i]] += depths[i].tx + depths[i].rx + Rail::kRxCqDataCredits;
@@ -93,8 +96,15 @@ RailSet::~RailSet() = default;
 
 std::size_t RailSet::progress() {
   std::size_t handled = 0;
-  for (auto& cq : cqs_) handled += cq->progress();
-  return handled;
+  for (std::size_t i = 0; i < data_cqs_; ++i) handled += cqs_[i]->progress();
+  if (handled != 0 && control_skips_left_ > 0) {
+    --control_skips_left_;
+    return handled;
+  }
+  std::size_t control = 0;
+  for (std::size_t i = data_cqs_; i < cqs_.size(); ++i) control += cqs_[i]->progress();
+  control_skips_left_ = control == 0 ? kIdleControlSkips : 0;
+  return handled + control;
 }
 
 void RailSet::set_remote_write_handler(RemoteWriteHandler* handler) noexcept {
