@@ -34,6 +34,7 @@ TEST_CASE("config: the table's defaults are Config's defaults", "[util]") {
 TEST_CASE("config: values, suffixes and lists parse", "[util]") {
   Config c = Config::from_values({{"LOOM_DATA_RAILS", "4"},
                                   {"LOOM_EAGER_MAX", "8k"},
+                                  {"LOOM_INJECT_MAX", "0"},
                                   {"LOOM_MIN_STRIPE", "1m"},
                                   {"LOOM_NICS", "lo,eth9,,x"},
                                   {"LOOM_FORCE_FLUSH", "yes"},
@@ -41,6 +42,7 @@ TEST_CASE("config: values, suffixes and lists parse", "[util]") {
                                   {"LOOM_NGROUPS", "0"}});
   CHECK(c.data_rails == 4);
   CHECK(c.eager_max == 8192);
+  CHECK(c.inject_max == 0);
   CHECK(c.min_stripe == 1048576);
   CHECK(c.nics == std::vector<std::string>{"lo", "eth9", "x"});
   CHECK(c.force_flush);
@@ -57,6 +59,8 @@ TEST_CASE("config: invalid values are errors naming the variable", "[util]") {
                     Catch::Contains("LOOM_EAGER_MAX"));
   CHECK_THROWS_WITH(Config::from_values({{"LOOM_EAGER_MAX", "99999999999999g"}}),
                     Catch::Contains("LOOM_EAGER_MAX"));
+  CHECK_THROWS_WITH(Config::from_values({{"LOOM_INJECT_MAX", "2m"}}),
+                    Catch::Contains("LOOM_INJECT_MAX"));
   CHECK_THROWS_WITH(Config::from_values({{"LOOM_FORCE_FLUSH", "maybe"}}),
                     Catch::Contains("LOOM_FORCE_FLUSH"));
   CHECK_THROWS_WITH(Config::from_values({{"LOOM_LOG_LEVEL", "loud"}}),
