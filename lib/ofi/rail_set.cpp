@@ -61,7 +61,7 @@ RailSet::RailSet(const RailPlacement& placement, const RailSetShape& shape)
     return i < data_rails_ ? placement.data[i] : placement.control[i - data_rails_];
   };
   // One CQ per NIC and role, sized for every rail it serves; data CQs first (see progress()).
-  std::vector<Nic*> nics;  // by CQ
+  std::vector<Nic*> cq_nics;
   std::vector<std::size_t> cq_of(total);
   std::vector<std::size_t> cq_sizes;
   std::vector<RailDepths> depths(total);
@@ -69,18 +69,18 @@ RailSet::RailSet(const RailPlacement& placement, const RailSetShape& shape)
     Nic* nic = nic_of(i);
     const bool data = i < data_rails_;
     std::size_t cq = data ? 0 : data_cqs_;
-    while (cq < nics.size() && nics[cq] != nic) ++cq;
+    while (cq < cq_nics.size() && cq_nics[cq] != nic) ++cq;
     cq_of[i] = cq;
-    if (cq == nics.size()) {
-      nics.push_back(nic);
+    if (cq == cq_nics.size()) {
+      cq_nics.push_back(nic);
       cq_sizes.push_back(0);
       if (data) ++data_cqs_;
     }
     depths[i] = clamp_depths(*nic, shape.depths);
     cq_sizes[cq_of[i]] += depths[i].tx + depths[i].rx + Rail::kRxCqDataCredits;
   }
-  for (std::size_t n = 0; n < nics.size(); ++n) {
-    cqs_.push_back(std::make_unique<CompletionQueue>(*nics[n], cq_sizes[n]));
+  for (std::size_t n = 0; n < cq_nics.size(); ++n) {
+    cqs_.push_back(std::make_unique<CompletionQueue>(*cq_nics[n], cq_sizes[n]));
   }
   rails_.reserve(total);
   for (std::size_t i = 0; i < total; ++i) {
