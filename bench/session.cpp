@@ -83,6 +83,7 @@ SetupFigures Session::connect_all() {
   if (!recv_.empty() && options_.is_client()) {
     ack_recv_region_ = recv_[0]->register_memory(ack_.data(), ack_.size());
   }
+  busy_pass_.assign(send_.size() + recv_.size(), 0);
   oob_.sync();
   SetupFigures figures;
   std::sort(times.begin(), times.end());
@@ -115,9 +116,9 @@ void Session::prepare_buffers(std::size_t size) {
 }
 
 void PageBuffer::assign(std::size_t size, std::byte fill) {
-  constexpr std::size_t kPage = 4096;
-  const std::size_t rounded = (std::max<std::size_t>(size, 1) + kPage - 1) / kPage * kPage;
-  data_.reset(static_cast<std::byte*>(std::aligned_alloc(kPage, rounded)));
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t rounded = (std::max<std::size_t>(size, 1) + page - 1) / page * page;
+  data_.reset(static_cast<std::byte*>(std::aligned_alloc(page, rounded)));
   if (!data_) throw std::bad_alloc();
   std::memset(data_.get(), static_cast<int>(fill), rounded);
   size_ = size;
@@ -128,7 +129,6 @@ void PageBuffer::assign(std::size_t size, std::byte fill) {
 // nothing (a system call on tcp; on shm a locked instruction on the line the sender writes).
 void Session::wait_all(std::vector<Pending>& pending) {
   std::size_t left = pending.size();
-  busy_pass_.resize(send_.size() + recv_.size());
   // A peer that stops answering becomes an error, not a hang.
   const auto patience = std::chrono::seconds(options_.timeout_s);
   auto deadline = Clock::now() + patience;
