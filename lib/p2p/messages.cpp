@@ -17,6 +17,13 @@ static_assert(cts_bytes(max_cts_entries(1), 1) <= mux::kMaxControlBody);
 static_assert(rts_bytes(kMaxBatch) <= mux::kMaxControlBody);
 static_assert(kMaxDataRails <= mux::kMaxStripes);
 
+constexpr std::size_t kCtsFlagOffset = 4 + 8 + 4;  // in an entry: after seq, size and tag
+
+// An empty message is carried by its ready-to-send alone; any other by 1 to kMaxStripes writes.
+bool stripes_fit(const RtsEntry& e) {
+  return e.size == 0 ? e.stripes == 0 : e.stripes >= 1 && e.stripes <= mux::kMaxStripes;
+}
+
 void put_address(WireWriter& w, std::span<const std::byte> address) {
   w.u8(static_cast<std::uint8_t>(address.size()));
   w.bytes(address);
@@ -208,6 +215,7 @@ std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
     w.u32(e.seq);
     w.u64(e.size);
     w.u32(e.tag);
+    w.u8(e.eager_receive ? 1 : 0);
     w.u64(e.address);
     for (std::size_t k = 0; k < m.data_rails; ++k) w.u64(e.keys[k]);
   }
@@ -226,6 +234,13 @@ CtsReader::CtsReader(std::span<const std::byte> body) noexcept : body_(body) {
     error_ = "clear-to-send: entry count out of range";
   } else if (body.size() != cts_bytes(count_, rails_)) {
     error_ = "clear-to-send: wrong length";
+  } else {
+    const std::size_t stride = cts_bytes(1, rails_) - 2;
+    for (std::size_t i = 0; i < count_ && error_ == nullptr; ++i) {
+      if (std::to_integer<std::uint8_t>(body[2 + i * stride + kCtsFlagOffset]) > 1) {
+        error_ = "clear-to-send: eager-receive flag out of range";
+      }
+    }
   }
 }
 
@@ -236,6 +251,7 @@ CtsEntryView CtsReader::entry(std::size_t i) const noexcept {
   view.seq = r.u32();
   view.size = r.u64();
   view.tag = r.u32();
+  view.eager_receive = r.u8() != 0;
   view.address = r.u64();
   view.keys = r.bytes(8 * rails_).data();
   return view;
@@ -252,6 +268,7 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
     e.seq = view.seq;
     e.size = view.size;
     e.tag = view.tag;
+    e.eager_receive = view.eager_receive;
     e.address = view.address;
     std::memcpy(e.keys.data(), view.keys, 8 * reader.data_rails());
   }
@@ -261,7 +278,7 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
 std::size_t encode_rts(const ReadyToSend& m, std::span<std::byte> out) {
   if (m.count == 0 || m.count > kMaxBatch) return 0;
   for (std::size_t i = 0; i < m.count; ++i) {
-    if (m.entries[i].stripes == 0 || m.entries[i].stripes > mux::kMaxStripes) return 0;
+    if (!stripes_fit(m.entries[i])) return 0;
   }
   WireWriter w(out);
   w.u8(m.count);
@@ -287,9 +304,7 @@ const char* decode_rts(std::span<const std::byte> in, ReadyToSend& out) {
     e.size = r.u64();
     e.tag = r.u32();
     e.stripes = r.u8();
-    if (e.stripes == 0 || e.stripes > mux::kMaxStripes) {
-      return "ready-to-send: stripe count out of range";
-    }
+    if (!stripes_fit(e)) return "ready-to-send: stripe count out of range";
   }
   return r.done() ? nullptr : "ready-to-send has the wrong length";
 }

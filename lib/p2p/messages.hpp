@@ -32,7 +32,7 @@ enum class MessageType : std::uint8_t {
 };
 
 inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"
-inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::uint8_t kProtocolVersion = 2;
 inline constexpr std::size_t kMaxAddressBytes = 96;
 inline constexpr std::size_t kMaxHandleAddresses = 4;
 inline constexpr std::size_t kMaxDataRails = 16;
@@ -106,6 +106,9 @@ struct CtsEntry {
   std::uint32_t seq = 0;
   std::uint64_t size = 0;  // the posted buffer's size
   std::uint32_t tag = 0;
+  // The receiver posted an eager receive for the buffer. Without one (buffers above the
+  // receiver's eager limit) every message comes by write, whatever its size.
+  bool eager_receive = true;
   std::uint64_t address = 0;  // for rendezvous writes, per MemoryRegistration::remote_address
   std::array<std::uint64_t, kMaxDataRails> keys{};
 };
@@ -114,12 +117,13 @@ struct ClearToSend {
   std::uint8_t data_rails = 0;  // keys per entry
   std::array<CtsEntry, kMaxBatch> entries;
 };
+inline constexpr std::size_t kCtsEntryFixedBytes = 4 + 8 + 4 + 1 + 8;
 inline constexpr std::size_t cts_bytes(std::size_t count, std::size_t rails) {
-  return 2 + count * (4 + 8 + 4 + 8 + 8 * rails);
+  return 2 + count * (kCtsEntryFixedBytes + 8 * rails);
 }
 // Entries one clear-to-send can carry with `rails` keys each.
 inline constexpr std::size_t max_cts_entries(std::size_t rails) {
-  const std::size_t fit = (mux::kMaxControlBody - 2) / (4 + 8 + 4 + 8 + 8 * rails);
+  const std::size_t fit = (mux::kMaxControlBody - 2) / (kCtsEntryFixedBytes + 8 * rails);
   return fit < kMaxBatch ? fit : kMaxBatch;
 }
 std::size_t encode_cts(const ClearToSend& message, std::span<std::byte> out);
@@ -131,6 +135,7 @@ struct CtsEntryView {
   std::uint32_t seq = 0;
   std::uint64_t size = 0;
   std::uint32_t tag = 0;
+  bool eager_receive = true;
   std::uint64_t address = 0;
   const std::byte* keys = nullptr;  // data_rails() little-endian u64 values
 };
@@ -155,7 +160,7 @@ struct RtsEntry {
   std::uint32_t seq = 0;
   std::uint64_t size = 0;
   std::uint32_t tag = 0;
-  std::uint8_t stripes = 0;
+  std::uint8_t stripes = 0;  // writes that carry the payload; none for an empty message
 };
 struct ReadyToSend {
   std::uint8_t count = 0;

@@ -126,9 +126,16 @@ void RecvCommImpl::post_in_order() {
   }
 }
 
+// A buffer above the eager limit gets no eager receive: it would be posted, then cancelled when
+// the ready-to-send comes (an error completion to read), for every large message. Its sender
+// writes instead, whatever the message's size, and sends a ready-to-send first.
 bool RecvCommImpl::post_receive(Request& r, std::size_t i) {
   Part& part = r.parts[i];
-  if (part.recv_posted || part.rendezvous || part.done) return true;
+  if (part.recv_posted || part.rendezvous || part.done || part.by_write) return true;
+  if (part.size > eager_max_) {
+    part.by_write = true;
+    return true;
+  }
   const std::size_t rail = part.seq % data_rails_;
   ofi::Rail& data_rail = lane_->rails().data(rail);
   // Leaves room for eager messages sent ahead of their clear-to-send (Lane::may_post_receive).
@@ -154,7 +161,7 @@ bool RecvCommImpl::post_receive(Request& r, std::size_t i) {
 }
 
 // A buffer is announced only once the provider holds its eager receive (or it needs none: its
-// message comes by rendezvous, or the buffer already failed); the sender sends eagerly only
+// message comes by write, or the buffer already failed); the sender sends eagerly only
 // after the announcement (see SendCommImpl::advance). So an eager message never arrives before
 // its receive and never occupies a provider queue entry that posted receives need. Buffers
 // whose receive waits for room in the provider's queue are announced when it is posted.
@@ -167,7 +174,7 @@ void RecvCommImpl::announce(Request& r) {
   for (std::size_t i = 0; i < r.part_count; ++i) {
     Part& part = r.parts[i];
     if (part.announced) continue;
-    if (!part.recv_posted && !part.rendezvous && !part.done) {
+    if (!part.recv_posted && !part.rendezvous && !part.done && !part.by_write) {
       all = false;  // retried with the receive (post_receive queued the request)
       continue;
     }
@@ -181,6 +188,7 @@ void RecvCommImpl::announce(Request& r) {
     entry.seq = part.seq;
     entry.size = part.size;
     entry.tag = part.tag;
+    entry.eager_receive = !part.by_write;
     entry.address = 0;
     if (part.registration != nullptr) {
       entry.address = part.registration->remote_address(part.data);

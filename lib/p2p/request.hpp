@@ -40,6 +40,9 @@ struct Part {
   bool recv_posted = false;
   bool recv_outstanding = false;
   bool rendezvous = false;  // ready-to-send seen: the data comes by RMA write
+  // Receives: above the eager limit, so no eager receive is posted and every message to it
+  // comes by write (the clear-to-send says so).
+  bool by_write = false;
   // Receives: the buffer is in a clear-to-send batch / that batch went out.
   bool announced = false;
   bool told = false;

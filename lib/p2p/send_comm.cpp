@@ -4,7 +4,8 @@
 // locally and the clear-to-send confirmed the buffer fits and the tags agree. Rendezvous: a
 // ready-to-send (size, tag, stripes) goes out at once; when the clear-to-send arrives the payload
 // is written with fi_writedata in stripes over the data rails, each carrying comm id | seq | stripe
-// count as remote CQ data.
+// count as remote CQ data. A small message whose clear-to-send says no eager receive was posted
+// (the buffer is above the receiver's eager limit) goes by rendezvous too.
 #include "p2p/send_comm.hpp"
 
 #include <algorithm>
@@ -164,7 +165,7 @@ void SendCommImpl::post_stripes(Request& r) {
   const std::uint64_t* keys = &keys_[(part.seq % kSeqWindow) * key_stride_];
   const std::uint32_t immediate = mux::encode_immediate(
       {peer_id_, static_cast<std::uint16_t>(part.seq & mux::kImmSeqMask), r.stripes});
-  const std::size_t base = part.size / r.stripes;
+  const std::size_t base = r.stripes == 0 ? 0 : part.size / r.stripes;
   while (r.stripes_posted < r.stripes) {
     const std::size_t i = r.stripes_posted;
     // Even split; the last stripe takes the remainder.
@@ -208,6 +209,13 @@ void SendCommImpl::match(Request& r) {
     r.fail(Status::kInvalid,
            "isend: tag " + std::to_string(part.tag) + " does not match the peer's buffer tag " +
                std::to_string(clearance.tag) + " (message " + std::to_string(part.seq) + ")");
+  } else if (r.eager && !clearance.eager_receive) {
+    // A buffer above the receiver's eager limit: no receive waits there, so the message is
+    // written (an empty one needs no write: its ready-to-send carries it).
+    r.eager = false;
+    r.stripes = part.size == 0 ? 0 : stripe_count(part.size);
+    --stats_.eager;
+    ++stats_.rendezvous;
   }
 }
 
@@ -258,7 +266,8 @@ void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
   for (std::size_t i = 0; i < cts.count(); ++i) {
     const CtsEntryView entry = cts.entry(i);
     const std::size_t slot = entry.seq % kSeqWindow;
-    clearances_[slot] = Clearance{true, entry.seq, entry.size, entry.tag, entry.address};
+    clearances_[slot] =
+        Clearance{true, entry.seq, entry.size, entry.tag, entry.eager_receive, entry.address};
     // The keys of every rail our lane has (data_rails_ never exceeds it): the message can
     // arrive before our own handshake finished (data_rails_ still 0) when the receiver posts
     // right after accepting.

@@ -25,6 +25,7 @@ class SendCommImpl final : public Comm {
     std::uint32_t seq = 0;
     std::uint64_t size = 0;
     std::uint32_t tag = 0;
+    bool eager_receive = true;
     std::uint64_t address = 0;
   };
 

@@ -9,7 +9,8 @@ using namespace loom::p2p;
 using loom::fuzz::ByteSource;
 
 bool same_entry(const CtsEntry& a, const CtsEntry& b, std::size_t rails) {
-  return a.seq == b.seq && a.size == b.size && a.tag == b.tag && a.address == b.address &&
+  return a.seq == b.seq && a.size == b.size && a.tag == b.tag &&
+         a.eager_receive == b.eager_receive && a.address == b.address &&
          std::equal(a.keys.begin(), a.keys.begin() + rails, b.keys.begin());
 }
 
@@ -40,7 +41,11 @@ bool same_rts(const ReadyToSend& a, const ReadyToSend& b) {
 bool rts_fits(const ReadyToSend& m) {
   if (m.count < 1 || m.count > kMaxBatch) return false;
   for (std::size_t i = 0; i < m.count; ++i) {
-    if (m.entries[i].stripes < 1 || m.entries[i].stripes > loom::mux::kMaxStripes) return false;
+    const RtsEntry& e = m.entries[i];
+    // An empty message has no writes; any other 1 to kMaxStripes.
+    if (e.size == 0 ? e.stripes != 0 : e.stripes < 1 || e.stripes > loom::mux::kMaxStripes) {
+      return false;
+    }
   }
   return true;
 }
@@ -55,6 +60,7 @@ ClearToSend make_cts(ByteSource& s) {
     e.seq = s.take<std::uint32_t>();
     e.size = s.take<std::uint64_t>();
     e.tag = s.take<std::uint32_t>();
+    e.eager_receive = (s.u8() & 1) != 0;
     e.address = s.take<std::uint64_t>();
     for (std::size_t k = 0; k < std::min<std::size_t>(m.data_rails, kMaxDataRails); ++k) {
       e.keys[k] = s.take<std::uint64_t>();

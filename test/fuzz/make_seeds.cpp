@@ -64,7 +64,12 @@ Bytes control(std::uint8_t type, const Bytes& body) {
 ClearToSend cts(std::uint8_t count, std::uint8_t rails) {
   ClearToSend m{.count = count, .data_rails = rails, .entries = {}};
   for (std::uint8_t i = 0; i < count; ++i) {
-    m.entries[i] = {.seq = 100u + i, .size = 1u << 20, .tag = 9, .address = 0x10000, .keys = {}};
+    m.entries[i] = {.seq = 100u + i,
+                    .size = 1u << 20,
+                    .tag = 9,
+                    .eager_receive = i % 2 == 0,
+                    .address = 0x10000,
+                    .keys = {}};
     for (std::uint8_t k = 0; k < rails; ++k) m.entries[i].keys[k] = 0xabc0u + k;
   }
   return m;
@@ -125,7 +130,8 @@ std::vector<Seed> seeds() {
       {"cts_rts/rts-most-stripes", rts({{.seq = 8, .size = 1u << 30, .tag = 2, .stripes = 16}})});
   s.push_back({"cts_rts/rts-batch", rts({{.seq = 9, .size = 65536, .tag = 3, .stripes = 1},
                                          {.seq = 10, .size = 1u << 20, .tag = 4, .stripes = 4},
-                                         {.seq = 11, .size = 100000, .tag = 5, .stripes = 1}})});
+                                         {.seq = 11, .size = 100000, .tag = 5, .stripes = 1},
+                                         {.seq = 12, .size = 0, .tag = 6, .stripes = 0}})});
 
   s.push_back(
       {"control_header/close", control(static_cast<std::uint8_t>(MessageType::kClose), {})});

@@ -33,9 +33,16 @@ std::uint64_t seed_of(std::uint64_t rank, std::size_t thread, std::size_t n) {
   return rank * 1'000'000 + thread * 10'000 + n + 1;
 }
 
-// Mostly eager (the boundary included), a third rendezvous up to 1 MiB, log-uniform.
-std::size_t size_of(std::uint64_t seed) {
-  switch (seed % 50) {
+// Mostly eager (the boundary included), a third rendezvous up to 1 MiB, log-uniform. Which of
+// the two message n is depends on n alone, so the receiver can post a buffer of the eager limit
+// for it (a larger buffer gets no eager receive: every message to it is written); the size
+// within the class depends on the seed.
+bool eager_message(std::size_t n) {
+  return n % 50 == 7 || (n % 3 != 0 && n % 50 != 8 && n % 50 != 9);
+}
+
+std::size_t size_of(std::uint64_t seed, std::size_t n) {
+  switch (n % 50) {
     case 7:
       return kEagerMax;
     case 8:
@@ -49,7 +56,7 @@ std::size_t size_of(std::uint64_t seed) {
   x ^= x >> 31;
   x *= 0xBF58476D1CE4E5B9ull;
   x ^= x >> 27;
-  if (x % 3 != 0) return 1 + (x >> 8) % kEagerMax;
+  if (eager_message(n)) return 1 + (x >> 8) % kEagerMax;
   const unsigned shift = 14 + static_cast<unsigned>((x >> 4) % 7);  // 16 KiB .. 1 MiB
   return std::clamp<std::size_t>((std::size_t{1} << shift) + (x >> 16) % (std::size_t{1} << shift),
                                  kEagerMax + 1, kMaxSize);
@@ -125,10 +132,11 @@ class Worker {
       require(std::chrono::steady_clock::now() < deadline,
               "exchange timed out: sent " + std::to_string(send_done) + ", received " +
                   std::to_string(received));
-      // Receives first, so the peer's sends find buffers; every buffer takes any size.
+      // Receives first, so the peer's sends find buffers.
       while (posted < kMessages && posted - received < kWindow) {
         const std::size_t slot = posted % kWindow;
-        RecvBuffer buffer{recv_slab.data() + slot * kMaxSize, kMaxSize, tag_of(posted),
+        RecvBuffer buffer{recv_slab.data() + slot * kMaxSize,
+                          eager_message(posted) ? kEagerMax : kMaxSize, tag_of(posted),
                           recv_region};
         require(in_->irecv({&buffer, 1}, receives[slot]) == Status::kOk, in_->last_error());
         ++posted;
@@ -137,11 +145,11 @@ class Worker {
         const std::size_t slot = sent % kWindow;
         const std::uint64_t seed = seed_of(shared_.me, index_, sent);
         std::byte* data = send_slab.data() + slot * kMaxSize;
-        fill_pattern({data, size_of(seed)}, seed);
-        require(
-            out_->isend(data, size_of(seed), tag_of(sent), send_region, sends[slot]) == Status::kOk,
-            out_->last_error());
-        bytes_sent += size_of(seed);
+        fill_pattern({data, size_of(seed, sent)}, seed);
+        require(out_->isend(data, size_of(seed, sent), tag_of(sent), send_region, sends[slot]) ==
+                    Status::kOk,
+                out_->last_error());
+        bytes_sent += size_of(seed, sent);
         ++sent;
       }
       bool done = false;
@@ -182,16 +190,16 @@ class Worker {
     if (n == 0) {
       for (std::size_t t = 0; t < kThreads && sender_ == kThreads; ++t) {
         const std::uint64_t seed = seed_of(shared_.peer, t, 0);
-        if (bytes.size() == size_of(seed) && check_pattern(bytes, seed).empty()) sender_ = t;
+        if (bytes.size() == size_of(seed, 0) && check_pattern(bytes, seed).empty()) sender_ = t;
       }
       require(sender_ < kThreads, "the first message matches no peer thread");
       require(!shared_.senders_seen[sender_].exchange(true),
               "two communicators carry peer thread " + std::to_string(sender_) + "'s messages");
     }
     const std::uint64_t seed = seed_of(shared_.peer, sender_, n);
-    require(bytes.size() == size_of(seed), "message " + std::to_string(n) + " delivered " +
-                                               std::to_string(bytes.size()) + " bytes of " +
-                                               std::to_string(size_of(seed)));
+    require(bytes.size() == size_of(seed, n), "message " + std::to_string(n) + " delivered " +
+                                                  std::to_string(bytes.size()) + " bytes of " +
+                                                  std::to_string(size_of(seed, n)));
     const std::string error = check_pattern(bytes, seed);
     require(error.empty(), "message " + std::to_string(n) + ": " + error);
   }

@@ -152,6 +152,81 @@ TEST_CASE("p2p 1000 messages of random sizes and tags in a window of 64 keep ord
   REQUIRE(failure.empty());
 }
 
+// Whether a message goes eagerly is the receiver's call as much as the sender's: a buffer above
+// the receiver's eager limit gets no eager receive, so even a one-byte message to it is written
+// (an empty one rides on its ready-to-send); a message above the sender's limit is written even
+// where an eager receive waits (it is cancelled). The two sides' limits differ, both ways round.
+TEST_CASE("p2p messages into buffers above either side's eager limit", "[pair]") {
+  struct Case {
+    std::size_t message;
+    std::size_t buffer;
+  };
+  const std::vector<Case> cases = {{0, 1u << 20},
+                                   {1, 1u << 20},
+                                   {4095, 8192},
+                                   {32768, 32768},
+                                   {65536, 1u << 20},
+                                   {4096, 4096},
+                                   {100, 200},
+                                   {0, 0},
+                                   {(1u << 20) + 7, 2u << 20},
+                                   {8192, 65536},
+                                   {65536, 65536}};
+  for (const auto& limits : {std::pair<std::size_t, std::size_t>{4096, 65536}, {65536, 4096}}) {
+    const std::size_t receiver_limit = limits.first;
+    const std::size_t sender_limit = limits.second;
+    INFO("eager limits: receiver " << receiver_limit << ", sender " << sender_limit);
+    auto receiver = [&](Channel& channel) {
+      Config config = test_config(1);
+      config.eager_max = receiver_limit;
+      Context context(config);
+      Listener listener = context.listen();
+      send_handle(channel, listener.handle());
+      auto comm = accept_one(listener);
+      std::vector<std::byte> buffer(2u << 20);
+      MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
+      std::uint64_t written = 0;
+      for (std::size_t i = 0; i < cases.size(); ++i) {
+        Request* request = nullptr;
+        RecvBuffer target{buffer.data(), cases[i].buffer, static_cast<Tag>(i + 40), region};
+        require(comm->irecv({&target, 1}, request) == Status::kOk, "irecv: " + comm->last_error());
+        const std::size_t delivered = finish(*comm, request);
+        require(delivered == cases[i].message, "case " + std::to_string(i) + ": delivered " +
+                                                   std::to_string(delivered) + " of " +
+                                                   std::to_string(cases[i].message) + " bytes");
+        auto error = check_pattern({buffer.data(), delivered}, 500 + i);
+        require(error.empty(), "case " + std::to_string(i) + ": " + error);
+        if (cases[i].buffer > receiver_limit || cases[i].message > sender_limit) ++written;
+        const auto stats = comm->stats();
+        require(stats.rendezvous == written,
+                "case " + std::to_string(i) + ": " + std::to_string(stats.rendezvous) +
+                    " messages came by write, expected " + std::to_string(written));
+      }
+      channel.barrier();
+    };
+    auto sender = [&](Channel& channel) {
+      Config config = test_config(1);
+      config.eager_max = sender_limit;
+      Context context(config);
+      auto comm = connect_one(context, recv_handle(channel));
+      std::vector<std::byte> buffer(2u << 20);
+      MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
+      for (std::size_t i = 0; i < cases.size(); ++i) {
+        fill_pattern({buffer.data(), cases[i].message}, 500 + i);
+        Request* request = nullptr;
+        require(comm->isend(buffer.data(), cases[i].message, static_cast<Tag>(i + 40), region,
+                            request) == Status::kOk,
+                "isend: " + comm->last_error());
+        finish(*comm, request);
+      }
+      channel.barrier();
+    };
+    auto failure = run_pair(receiver, sender);
+    INFO(failure);
+    REQUIRE(failure.empty());
+  }
+}
+
 TEST_CASE("p2p multi-buffer receive and forced flush", "[pair]") {
   constexpr std::size_t kParts = 8;
   auto receiver = [&](Channel& channel) {
