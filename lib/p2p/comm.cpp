@@ -31,13 +31,7 @@ Comm::Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction di
       lane_(&lane),
       direction_(direction),
       eager_max_(core_->config().eager_max),
-      requests_(kMaxRequests) {
-  free_requests_.reserve(kMaxRequests);
-  for (std::size_t i = kMaxRequests; i-- > 0;) {
-    requests_[i].comm = this;
-    for (auto& op : requests_[i].ops) op.handler = &requests_[i];
-    free_requests_.push_back(static_cast<std::uint16_t>(i));
-  }
+      requests_(this, kMaxRequests) {
   retry_.reserve(kMaxRequests);
   retrying_.reserve(kMaxRequests);
   std::lock_guard lock(lane.mutex());
@@ -138,15 +132,16 @@ Status Comm::reject(Status status, std::string text) {
 }
 
 Request* Comm::allocate(RequestKind kind) {
-  if (free_requests_.empty()) [[unlikely]]
-    return nullptr;
   // The peer's silence counts only while something waits on it.
-  if (free_requests_.size() == requests_.size()) {
+  const bool idle = requests_.all_free();
+  Request* taken = requests_.take();
+  if (taken == nullptr) [[unlikely]]
+    return nullptr;
+  if (idle) {
     last_heard_ = std::chrono::steady_clock::now();
     next_ping_ = last_heard_ + std::chrono::milliseconds(core_->config().peer_timeout_ms / 4);
   }
-  Request& r = requests_[free_requests_.back()];
-  free_requests_.pop_back();
+  Request& r = *taken;
   r.kind = kind;
   r.in_use = true;
   r.queued = false;
@@ -194,8 +189,7 @@ Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const s
 
 Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
   done = false;
-  if (request < requests_.data() || request >= requests_.data() + requests_.size() ||
-      !request->in_use) [[unlikely]] {
+  if (!requests_.owns(request) || !request->in_use) [[unlikely]] {
     return reject(Status::kInvalid, "test: not a pending request of this communicator");
   }
   std::unique_lock lock(lane_->mutex());
@@ -234,7 +228,7 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
     }
   }
   request->in_use = false;
-  free_requests_.push_back(static_cast<std::uint16_t>(request - requests_.data()));
+  requests_.give_back(*request);
   return status;
 }
 
@@ -297,7 +291,7 @@ CommStats Comm::stats() const {
 }
 
 void Comm::fail_all(Status status, const std::string& text) {
-  for (Request& r : requests_) {
+  for (Request& r : requests_.built()) {
     if (!r.in_use) continue;
     r.fail(status, text);
     for (std::size_t i = 0; i < r.part_count; ++i) {
@@ -329,7 +323,7 @@ void Comm::close(std::unique_ptr<Comm> self) {
     self->fail_all(Status::kCancelled, "communicator closed");
     const auto deadline = std::chrono::steady_clock::now() + kCloseDrain;
     auto outstanding = [&] {
-      for (const Request& r : self->requests_)
+      for (const Request& r : self->requests_.built())
         if (r.in_use && r.ops_outstanding != 0) return true;
       return false;
     };

@@ -143,8 +143,7 @@ class Comm : public mux::CommPort {
   unsigned liveness_polls_ = 0;
   std::vector<Registration> registrations_;
   std::vector<std::uint32_t> free_registrations_;
-  std::vector<Request> requests_;
-  std::vector<std::uint16_t> free_requests_;
+  RequestPool requests_;
   std::vector<Request*> retry_;
   std::vector<Request*> retrying_;
   std::string last_error_;
