@@ -39,10 +39,12 @@ struct Profile {
 [[nodiscard]] std::span<const Profile* const> all_profiles() noexcept;
 
 // Sets the environment defaults (those the user left unset) of the provider families that
-// `requested` names (LOOM_PROVIDER, else FI_PROVIDER; "verbs;ofi_rxm", "efa,shm", ...). Nothing
-// is set when no family is named: a default meant for one provider can change another (rxm's
-// variables act on both verbs and tcp). Called before the first fi_getinfo, because providers
-// read their variables when they initialize.
+// `requested` names (LOOM_PROVIDER, else FI_PROVIDER; "verbs;ofi_rxm", "efa,shm", ...), or of
+// every family when it names none: libfabric then picks the provider, and the README's main
+// command names none (rxm's shared receive queue cost it 147 MB per communicator). Each
+// variable belongs to one provider, or to rxm, which tcp and verbs want set alike; no two
+// families may set one variable differently (test/ofi/profile_test.cpp). Called before the
+// first fi_getinfo, because providers read their variables when they initialize.
 void apply_env_defaults(std::string_view requested) noexcept;
 
 extern const Profile kEfaProfile;

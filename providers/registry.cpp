@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 
 #include "providers/profile.hpp"
 
@@ -33,15 +35,19 @@ std::span<const Profile* const> all_profiles() noexcept {
 }
 
 void apply_env_defaults(std::string_view requested) noexcept {
-  for (const Profile* profile : kProfiles) {
-    bool named = false;
+  const auto named = [requested](const Profile& profile) {
     std::string_view rest = requested;
-    while (!rest.empty() && !named) {
+    while (!rest.empty()) {
       const auto cut = rest.find_first_of(",;");
-      named = rest.substr(0, cut) == profile->family;
+      if (rest.substr(0, cut) == profile.family) return true;
       rest = cut == std::string_view::npos ? std::string_view{} : rest.substr(cut + 1);
     }
-    if (!named) continue;
+    return false;
+  };
+  const bool any_named = std::any_of(std::begin(kProfiles), std::end(kProfiles),
+                                     [&](const Profile* p) { return named(*p); });
+  for (const Profile* profile : kProfiles) {
+    if (any_named && !named(*profile)) continue;
     for (const EnvDefault& env : profile->env_defaults) setenv(env.name, env.value, 0);
   }
 }

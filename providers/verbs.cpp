@@ -49,7 +49,7 @@ std::optional<DeviceLimits> verbs_device_limits(std::string_view domain_name) {
 
 const Profile kVerbsProfile {
   .family = "verbs",
-  .summary = "verbs;ofi_rxm: shared receive queue on; device limits from rdma-core",
+  .summary = "verbs;ofi_rxm: per-connection receive buffers; device limits from rdma-core",
   .env_defaults = kVerbsEnv,
 #if LOOM_HAVE_IBVERBS
   .device_limits = verbs_device_limits,
