@@ -39,35 +39,44 @@ constexpr DataTag decode_tag(std::uint64_t tag) {
       static_cast<CommId>(tag >> kTagSeqBits), static_cast<std::uint32_t>(tag & kTagSeqMask)};
 }
 
-// Remote CQ data of a rendezvous stripe: comm id | sequence | stripe count.
+// Remote CQ data of a rendezvous stripe: comm id | sequence | fills | stripe count. `fills`
+// says the message fills the buffer its clear-to-send announced, with that buffer's tag (the
+// sender checked both): the receiver then needs no ready-to-send to learn size and tag.
 inline constexpr unsigned kImmSeqBits = 12;
-inline constexpr unsigned kImmStripeBits = 4;
-static_assert(kCommIdBits + kImmSeqBits + kImmStripeBits == 32);
+inline constexpr unsigned kImmFillsBits = 1;
+inline constexpr unsigned kImmStripeBits = 3;
+static_assert(kCommIdBits + kImmSeqBits + kImmFillsBits + kImmStripeBits == 32);
 inline constexpr std::uint32_t kImmSeqMask = (1u << kImmSeqBits) - 1;
 inline constexpr unsigned kMaxStripes = 1u << kImmStripeBits;
 
 struct WriteImmediate {
   CommId comm;
   std::uint16_t seq;     // low kImmSeqBits of the message sequence number
+  bool fills;            // the message is exactly the announced buffer's size and tag
   std::uint8_t stripes;  // 1 .. kMaxStripes
 };
 
 constexpr std::uint32_t encode_immediate(WriteImmediate w) {
-  return (std::uint32_t{w.comm} << (kImmSeqBits + kImmStripeBits)) |
-         ((w.seq & kImmSeqMask) << kImmStripeBits) | ((w.stripes - 1u) & (kMaxStripes - 1));
+  return (std::uint32_t{w.comm} << (kImmSeqBits + kImmFillsBits + kImmStripeBits)) |
+         ((w.seq & kImmSeqMask) << (kImmFillsBits + kImmStripeBits)) |
+         (std::uint32_t{w.fills} << kImmStripeBits) | ((w.stripes - 1u) & (kMaxStripes - 1));
 }
 
 constexpr WriteImmediate decode_immediate(std::uint32_t data) {
-  return WriteImmediate{static_cast<CommId>(data >> (kImmSeqBits + kImmStripeBits)),
-                        static_cast<std::uint16_t>((data >> kImmStripeBits) & kImmSeqMask),
-                        static_cast<std::uint8_t>((data & (kMaxStripes - 1)) + 1)};
+  return WriteImmediate{
+      static_cast<CommId>(data >> (kImmSeqBits + kImmFillsBits + kImmStripeBits)),
+      static_cast<std::uint16_t>((data >> (kImmFillsBits + kImmStripeBits)) & kImmSeqMask),
+      ((data >> kImmStripeBits) & 1u) != 0,
+      static_cast<std::uint8_t>((data & (kMaxStripes - 1)) + 1)};
 }
 
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xABCDEF})).comm == 0xBEEF);
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xABCDEF})).seq == 0xABCDEF);
 static_assert(encode_tag({TagKind::kEager, 0xFFFF, 0xFFFFFFFF}) < (1ull << kUsableTagBits));
-static_assert(decode_immediate(encode_immediate({0x1234, 0xFFF, 16})).stripes == 16);
-static_assert(decode_immediate(encode_immediate({0x1234, 0xABC, 1})).seq == 0xABC);
-static_assert(decode_immediate(encode_immediate({0xFFFF, 0, 3})).comm == 0xFFFF);
+static_assert(decode_immediate(encode_immediate({0x1234, 0xFFF, false, 8})).stripes == 8);
+static_assert(decode_immediate(encode_immediate({0x1234, 0xABC, true, 1})).seq == 0xABC);
+static_assert(decode_immediate(encode_immediate({0x1234, 0xABC, true, 1})).fills);
+static_assert(!decode_immediate(encode_immediate({0xFFFF, 0xFFF, false, 8})).fills);
+static_assert(decode_immediate(encode_immediate({0xFFFF, 0, false, 3})).comm == 0xFFFF);
 
 }  // namespace loom::mux

@@ -149,7 +149,7 @@ Request* Comm::allocate(RequestKind kind) {
   r.ops_outstanding = 0;
   r.status = Status::kOk;
   r.eager = r.eager_posted = r.local_done = r.rts_sent = r.cts_matched = r.cts_sent = false;
-  r.rts_queued = r.cts_queued = r.abandoned = false;
+  r.rts_needed = r.rts_queued = r.cts_queued = r.abandoned = false;
   r.stripes = r.stripes_posted = r.stripes_done = 0;
   r.error.clear();
   return &r;

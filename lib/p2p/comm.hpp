@@ -79,10 +79,10 @@ class Comm : public mux::CommPort {
   [[nodiscard]] bool finished(const Request& r) const noexcept {
     if (r.ops_outstanding != 0) return false;
     // The peer must have heard what it waits for: a receive's clear-to-send (its sender cannot
-    // finish without it, even when the data already came), a rendezvous send's ready-to-send.
-    const bool told = r.kind == RequestKind::kRecv               ? r.cts_sent
-                      : r.kind == RequestKind::kSend && !r.eager ? r.rts_sent || r.abandoned
-                                                                 : true;
+    // finish without it, even when the data already came), a send's ready-to-send if it has one.
+    const bool told = r.kind == RequestKind::kRecv ? r.cts_sent
+                      : r.rts_needed               ? r.rts_sent || r.abandoned
+                                                   : true;
     if (!told && !closed_ && !peer_closed_) return false;
     for (std::size_t i = 0; i < r.part_count; ++i)
       if (!r.parts[i].done) return false;

@@ -15,7 +15,6 @@ static_assert(kHandleHeaderBytes + 1 + 16 <= 128, "an IPv4 sockaddr must fit a h
 static_assert(max_cts_entries(kMaxDataRails) >= kMaxParts, "a whole irecv fits one message");
 static_assert(cts_bytes(max_cts_entries(1), 1) <= mux::kMaxControlBody);
 static_assert(rts_bytes(kMaxBatch) <= mux::kMaxControlBody);
-static_assert(kMaxDataRails <= mux::kMaxStripes);
 
 constexpr std::size_t kCtsFlagOffset = 4 + 8 + 4;  // in an entry: after seq, size and tag
 

@@ -25,14 +25,14 @@ enum class MessageType : std::uint8_t {
   kReject = 3,
   // lane control rails
   kClearToSend = 16,  // receiver -> sender: buffers posted for these sequence numbers
-  kReadyToSend = 17,  // sender -> receiver: a rendezvous message of this size is coming
+  kReadyToSend = 17,  // sender -> receiver: size and tag where the writes cannot tell them
   kClose = 18,        // either way: the peer closed this communicator
   kPing = 19,         // either way, while requests wait on the peer: are you there?
   kPong = 20,         // the answer (sent by the lane's progress, whatever the peer is doing)
 };
 
 inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"
-inline constexpr std::uint8_t kProtocolVersion = 2;
+inline constexpr std::uint8_t kProtocolVersion = 3;
 inline constexpr std::size_t kMaxAddressBytes = 96;
 inline constexpr std::size_t kMaxHandleAddresses = 4;
 inline constexpr std::size_t kMaxDataRails = 16;

@@ -7,10 +7,7 @@
 namespace loom::p2p {
 
 RecvCommImpl::RecvCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane)
-    : Comm(std::move(core), lane, mux::Direction::kRecv),
-      by_seq_(kSeqWindow),
-      early_(kSeqWindow),
-      early_valid_(kSeqWindow, false) {}
+    : Comm(std::move(core), lane, mux::Direction::kRecv), by_seq_(kSeqWindow) {}
 
 Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
   request = nullptr;
@@ -45,10 +42,6 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
                        .registration = registrations[i],
                        .seq = seq};
     by_seq_[seq % kSeqWindow] = Slot{r, static_cast<std::uint8_t>(i)};
-    if (early_valid_[seq % kSeqWindow] && early_[seq % kSeqWindow].seq == seq) {
-      early_valid_[seq % kSeqWindow] = false;
-      apply_ready_to_send(*r, i, early_[seq % kSeqWindow]);
-    }
   }
   advance(*r);
   request = r;
@@ -323,16 +316,10 @@ void RecvCommImpl::on_ready_to_send(std::span<const std::byte> body) {
     const RtsEntry& rts = batch.entries[k];
     Request* r = nullptr;
     std::size_t i = 0;
+    // The sender answers a clear-to-send: the buffer is posted, unless it failed meanwhile.
     Part* part = waiting_part(rts.seq, ~0u, &r, &i);
     if (part != nullptr && !part->rendezvous) {
       apply_ready_to_send(*r, i, rts);
-      continue;
-    }
-    // Sequence numbers run ahead of next_seq_ only by what the sender may have in flight.
-    const std::uint32_t ahead = rts.seq - next_seq_;
-    if (part == nullptr && ahead < kMaxRequests) {
-      early_[rts.seq % kSeqWindow] = rts;
-      early_valid_[rts.seq % kSeqWindow] = true;
       continue;
     }
     util::log().warn(
@@ -395,8 +382,11 @@ void RecvCommImpl::on_remote_write(mux::WriteImmediate immediate) {
                      id_, lane_->id(), immediate.seq);
     return;
   }
-  if (!part->rendezvous) {
-    part->writes_expected = immediate.stripes;
+  if (immediate.fills && !part->rendezvous) {
+    // What a ready-to-send would say: the buffer's own size and tag (the sender checked them).
+    apply_ready_to_send(*r, i, {part->seq, part->size, part->tag, immediate.stripes});
+  } else if (!part->rendezvous) {
+    part->writes_expected = immediate.stripes;  // its ready-to-send is still on the way
   } else if (immediate.stripes != part->writes_expected) {
     part->status = Status::kError;
     r->fail(Status::kError,

@@ -1,6 +1,7 @@
-// The receiving side: posts each buffer as an eager tagged receive and announces it to the
-// sender with a clear-to-send (size, tag, address and a key per data rail); a ready-to-send for
-// a sequence turns that buffer into an RDMA-write target instead.
+// The receiving side: posts each buffer up to the eager limit as an eager tagged receive and
+// announces every buffer to the sender with a clear-to-send (size, tag, address and a key per
+// data rail). Larger buffers are RDMA-write targets; so is a smaller one whose sender sends a
+// ready-to-send for it instead (its eager receive is cancelled).
 #pragma once
 
 #include <vector>
@@ -54,10 +55,6 @@ class RecvCommImpl final : public Comm {
   ClearToSend batch_;               // entries not sent yet
   std::vector<Announced> batched_;  // the buffers they describe
   std::size_t batch_limit_ = 0;
-  // Ready-to-sends that arrived before their buffer was posted, by seq % kSeqWindow. The
-  // sender has at most kMaxRequests messages in flight, so the window covers them.
-  std::vector<RtsEntry> early_;
-  std::vector<bool> early_valid_;
 };
 
 }  // namespace loom::p2p

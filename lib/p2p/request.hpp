@@ -25,6 +25,7 @@ class Comm;
 
 // Most stripes one rendezvous message is split into (one write each).
 inline constexpr std::size_t kMaxSendStripes = kMaxParts;
+static_assert(kMaxSendStripes <= mux::kMaxStripes, "writes count their stripes in the CQ data");
 inline constexpr std::size_t kMaxOps = kMaxParts;
 
 enum class RequestKind : std::uint8_t { kSend, kRecv, kFlush };
@@ -41,7 +42,9 @@ struct Part {
   // Receives: the eager receive is posted / its completion (or cancellation) is pending.
   bool recv_posted = false;
   bool recv_outstanding = false;
-  bool rendezvous = false;  // ready-to-send seen: the data comes by RMA write
+  // Size and tag known from a ready-to-send or from a write that fills the buffer: the data
+  // comes by RMA write.
+  bool rendezvous = false;
   // Receives: above the eager limit, so no eager receive is posted and every message to it
   // comes by write (the clear-to-send says so).
   bool by_write = false;
@@ -64,6 +67,9 @@ struct Request final : ofi::CompletionHandler {
   bool eager = false;
   bool eager_posted = false;
   bool local_done = false;  // eager send completed locally
+  // The receiver must hear size and tag from a ready-to-send: the message does not fill its
+  // buffer, is refused, or goes by write where an eager receive waits (see SendCommImpl::match).
+  bool rts_needed = false;
   bool rts_queued = false;  // in the ready-to-send batch
   bool rts_sent = false;
   bool cts_matched = false;

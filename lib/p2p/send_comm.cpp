@@ -1,11 +1,12 @@
-// Sender protocol. Eager: once the receiver's clear-to-send for that sequence arrived (its
-// receive is posted then), one tagged send (tag = kind | peer comm id | seq, CQ data = user tag)
-// straight into the receiver's posted buffer; the request completes once the send completed
-// locally and the clear-to-send confirmed the buffer fits and the tags agree. Rendezvous: a
-// ready-to-send (size, tag, stripes) goes out at once; when the clear-to-send arrives the payload
-// is written with fi_writedata in stripes over the data rails, each carrying comm id | seq | stripe
-// count as remote CQ data. A small message whose clear-to-send says no eager receive was posted
-// (the buffer is above the receiver's eager limit) goes by rendezvous too.
+// Sender protocol. Every message waits for the receiver's clear-to-send for its sequence
+// number, which says the buffer's size, tag and address and whether an eager receive is posted
+// in it. Eager: one tagged send (tag = kind | peer comm id | seq, CQ data = user tag) straight
+// into that receive; the request completes once the send completed locally. Rendezvous (larger
+// messages, and any message to a buffer without an eager receive): the payload is written with
+// fi_writedata in stripes over the data rails, each carrying comm id | seq | fills | stripe
+// count as remote CQ data. A message that fills its buffer with the buffer's tag says so in
+// that CQ data and nothing else goes; otherwise a ready-to-send carries size and tag (an empty
+// message rides on it alone), and the receiver decides with the same facts as the sender.
 #include "p2p/send_comm.hpp"
 
 #include <algorithm>
@@ -73,13 +74,13 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   return Status::kOk;
 }
 
-// A clear-to-send that shows a mismatch does not stop the eager message or the ready-to-send:
-// the receiver must reach the same verdict from what it gets, or its request would never end.
-// Only payload writes are skipped, and a too-large eager message goes as a ready-to-send (see
-// match()).
+// A clear-to-send that shows a mismatch turns the message into a ready-to-send without payload
+// (see match()): the receiver must reach the same verdict from what it gets, or its request
+// would never end.
 //
-// An eager message goes once its clear-to-send came: the receive is posted then, so the message
-// never waits in the provider's bounded unexpected-message pool (see Lane::may_post_receive).
+// Nothing goes before the clear-to-send: an eager message's receive is posted then, so it
+// never waits in the provider's bounded unexpected-message pool (see Lane::may_post_receive),
+// and a written message's sender knows whether the receiver needs a ready-to-send at all.
 void SendCommImpl::advance(Request& r) {
   Part& part = r.parts[0];
   const bool sendable = !r.abandoned && !part.done;
@@ -115,7 +116,7 @@ void SendCommImpl::advance(Request& r) {
       }
     }
   } else {
-    if (!r.rts_queued && sendable) {
+    if (r.rts_needed && !r.rts_queued && sendable) {
       if (batch_.count == kMaxBatch) flush_control();
       if (batch_.count == kMaxBatch) {
         queue_retry(r);  // the batch is stuck behind back-pressure: try again later
@@ -163,8 +164,9 @@ void SendCommImpl::post_stripes(Request& r) {
   Part& part = r.parts[0];
   const Clearance& clearance = clearances_[part.seq % kSeqWindow];
   const std::uint64_t* keys = &keys_[(part.seq % kSeqWindow) * key_stride_];
-  const std::uint32_t immediate = mux::encode_immediate(
-      {peer_id_, static_cast<std::uint16_t>(part.seq & mux::kImmSeqMask), r.stripes});
+  const std::uint32_t immediate =
+      mux::encode_immediate({peer_id_, static_cast<std::uint16_t>(part.seq & mux::kImmSeqMask),
+                             !r.rts_needed, r.stripes});
   const std::size_t base = r.stripes == 0 ? 0 : part.size / r.stripes;
   while (r.stripes_posted < r.stripes) {
     const std::size_t i = r.stripes_posted;
@@ -200,16 +202,22 @@ void SendCommImpl::match(Request& r) {
                                    " bytes is larger than the peer's posted buffer of " +
                                    std::to_string(clearance.size) + " bytes (message " +
                                    std::to_string(part.seq) + ")");
-    // Never a truncated receive on the wire (rxm over tcp without a shared receive queue drops
-    // the connection on one): the receiver learns the size from a ready-to-send instead and
-    // fails the receive as it does for rendezvous; no payload is written.
-    r.eager = false;
-    r.stripes = 1;
   } else if (clearance.tag != part.tag) {
     r.fail(Status::kInvalid,
            "isend: tag " + std::to_string(part.tag) + " does not match the peer's buffer tag " +
                std::to_string(clearance.tag) + " (message " + std::to_string(part.seq) + ")");
-  } else if (r.eager && !clearance.eager_receive) {
+  }
+  if (r.status != Status::kOk) {
+    // Refused: no payload goes, only a ready-to-send, from which the receiver reaches the same
+    // verdict (and cancels an eager receive if one waits). Never a truncated receive on the
+    // wire: rxm over tcp without a shared receive queue drops the connection on one. Never an
+    // eager message into a buffer with no receive posted: it would wait unmatched forever.
+    r.eager = false;
+    r.stripes = part.size == 0 ? 0 : 1;
+    r.rts_needed = true;
+    return;
+  }
+  if (r.eager && !clearance.eager_receive) {
     // A buffer above the receiver's eager limit: no receive waits there, so the message is
     // written (an empty one needs no write: its ready-to-send carries it).
     r.eager = false;
@@ -217,6 +225,11 @@ void SendCommImpl::match(Request& r) {
     --stats_.eager;
     ++stats_.rendezvous;
   }
+  // A written message that fills its buffer says so in its writes' CQ data (an empty one never
+  // does: a buffer without an eager receive is above the eager limit). Otherwise the receiver
+  // hears the size from a ready-to-send, which also makes it cancel an eager receive waiting
+  // in the buffer (a receiver whose eager limit is above ours).
+  r.rts_needed = !r.eager && (part.size != clearance.size || clearance.eager_receive);
 }
 
 void SendCommImpl::update_done(Request& r) {
@@ -229,7 +242,7 @@ void SendCommImpl::update_done(Request& r) {
     part.done = r.cts_matched && r.stripes_done == r.stripes;
   } else {
     // Failed: done once the receiver was told (ready-to-send) and no write is in flight.
-    part.done = (r.rts_sent || r.abandoned) && r.stripes_done == r.stripes_posted;
+    part.done = (!r.rts_needed || r.rts_sent || r.abandoned) && r.stripes_done == r.stripes_posted;
   }
   if (part.done && ok) part.delivered = part.size;
 }

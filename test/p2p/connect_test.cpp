@@ -240,13 +240,22 @@ TEST_CASE("p2p bad data-path input gives clear errors and the process and other 
     finish(*out, send, Status::kTruncated);
     CHECK_THAT(out->last_error(), Catch::Contains("larger than the peer's posted buffer"));
   }
-  // A tag mismatch fails on both sides too.
-  {
-    RecvBuffer tagged{buffer.data() + 65536, 8192, 5, in_region};
+  // A tag mismatch fails on both sides too: into an eager receive, into a buffer above the
+  // eager limit (no receive is posted there, so nothing may go eagerly), written or empty.
+  MemoryRegion large_region = in->register_memory(buffer.data() + 131072, 131072);
+  for (const auto [message, capacity] : {std::pair<std::size_t, std::size_t>{100, 8192},
+                                         {100, 32768},
+                                         {0, 32768},
+                                         {40000, 65536},
+                                         {65536, 65536}}) {
+    INFO("message " << message << " into a buffer of " << capacity);
+    RecvBuffer tagged = capacity <= 8192
+                            ? RecvBuffer{buffer.data() + 65536, capacity, 5, in_region}
+                            : RecvBuffer{buffer.data() + 131072, capacity, 5, large_region};
     Request* receive = nullptr;
     Request* send = nullptr;
     REQUIRE(in->irecv({&tagged, 1}, receive) == Status::kOk);
-    REQUIRE(out->isend(buffer.data(), 100, 6, region, send) == Status::kOk);
+    REQUIRE(out->isend(buffer.data(), message, 6, region, send) == Status::kOk);
     finish(*in, receive, Status::kInvalid);
     CHECK_THAT(in->last_error(), Catch::Contains("tag"));
     finish(*out, send, Status::kInvalid);

@@ -152,10 +152,22 @@ TEST_CASE("p2p 1000 messages of random sizes and tags in a window of 64 keep ord
   REQUIRE(failure.empty());
 }
 
+// Bytes the context's send lanes put on their control rails (ready-to-sends, pings, closes).
+std::uint64_t control_bytes_sent(const Context& context) {
+  std::uint64_t bytes = 0;
+  for (const auto& lane : context.stats().lanes) {
+    if (!lane.send) continue;
+    for (const auto& rail : lane.rails)
+      if (!rail.data) bytes += rail.bytes_sent;
+  }
+  return bytes;
+}
+
 // Whether a message goes eagerly is the receiver's call as much as the sender's: a buffer above
 // the receiver's eager limit gets no eager receive, so even a one-byte message to it is written
 // (an empty one rides on its ready-to-send); a message above the sender's limit is written even
 // where an eager receive waits (it is cancelled). The two sides' limits differ, both ways round.
+// A written message that fills its buffer needs no ready-to-send; any other written one does.
 TEST_CASE("p2p messages into buffers above either side's eager limit", "[pair]") {
   struct Case {
     std::size_t message;
@@ -207,17 +219,28 @@ TEST_CASE("p2p messages into buffers above either side's eager limit", "[pair]")
     auto sender = [&](Channel& channel) {
       Config config = test_config(1);
       config.eager_max = sender_limit;
+      config.peer_timeout_ms = 3600000;  // no liveness pings among the counted control bytes
       Context context(config);
       auto comm = connect_one(context, recv_handle(channel));
       std::vector<std::byte> buffer(2u << 20);
       MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
       for (std::size_t i = 0; i < cases.size(); ++i) {
         fill_pattern({buffer.data(), cases[i].message}, 500 + i);
+        const std::uint64_t control_before = control_bytes_sent(context);
         Request* request = nullptr;
         require(comm->isend(buffer.data(), cases[i].message, static_cast<Tag>(i + 40), region,
                             request) == Status::kOk,
                 "isend: " + comm->last_error());
         finish(*comm, request);
+        const Case& c = cases[i];
+        const bool written = c.buffer > receiver_limit || c.message > sender_limit;
+        const bool fills = c.message == c.buffer && c.message != 0 && c.buffer > receiver_limit;
+        const bool told = control_bytes_sent(context) != control_before;
+        require(told == (written && !fills),
+                "case " + std::to_string(i) + ": a ready-to-send was " + (told ? "" : "not ") +
+                    "sent for a " + (written ? "written" : "eager") + " message of " +
+                    std::to_string(c.message) + " bytes into a buffer of " +
+                    std::to_string(c.buffer));
       }
       channel.barrier();
     };
