@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 namespace loom::bench {
@@ -115,11 +116,13 @@ void Session::prepare_buffers(std::size_t size) {
   prepared_size_ = size;
 }
 
-void PageBuffer::assign(std::size_t size, std::byte fill) {
-  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  const std::size_t rounded = (std::max<std::size_t>(size, 1) + page - 1) / page * page;
-  data_.reset(static_cast<std::byte*>(std::aligned_alloc(page, rounded)));
+void HugePageBuffer::assign(std::size_t size, std::byte fill) {
+  const std::size_t rounded =
+      (std::max<std::size_t>(size, 1) + kHugePage - 1) / kHugePage * kHugePage;
+  data_.reset(static_cast<std::byte*>(std::aligned_alloc(kHugePage, rounded)));
   if (!data_) throw std::bad_alloc();
+  // Only a hint: without transparent huge pages in the kernel the buffer keeps small pages.
+  madvise(data_.get(), rounded, MADV_HUGEPAGE);
   std::memset(data_.get(), static_cast<int>(fill), rounded);
   size_ = size;
 }
