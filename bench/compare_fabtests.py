@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Runs loom's fi_p2p_bw and fabtests' fi_rdm_tagged_bw and fi_rma_bw -o writedata on the same
 provider, interleaved, server pinned to one core and client to another, and prints the
-loom/fabtests ratio per size: of the medians of the repetitions, and of the best runs. Every
+loom/fabtests ratio per size: of the medians of the repetitions, of the best runs, and the
+median of each repetition's own ratio ("paired": the three runs of a repetition follow each
+other, so a slow period of the machine weighs on all three). Every
 tool runs the same iterations, enough to move about 2 GiB (100000 messages at 4 KiB): on a
 virtual machine whole runs slow down by half now and then, and a short run is all one or the
 other.
@@ -90,7 +92,7 @@ def main():
                   f"core 1; median of {args.reps}, interleaved)")
             print(f"{'size':>6} {'loom MB/s':>10} {'tagged MB/s':>12} {'writedata MB/s':>15} "
                   f"{'loom/tagged':>12} {'loom/writedata':>15} {'loom/best':>10} "
-                  f"{'best runs':>10} {'loom Mxfer/s':>13} {'tagged Mxfer/s':>15}")
+                  f"{'best runs':>10} {'paired':>7} {'loom Mxfer/s':>13} {'tagged Mxfer/s':>15}")
             for size in args.sizes.split(","):
                 loom, tag, wd = [], [], []
                 for rep in range(args.reps):
@@ -103,8 +105,10 @@ def main():
                 top = lambda runs: max(r[0] for r in runs)
                 l, t, w = med(loom, 0), med(tag, 0), med(wd, 0)
                 best = top(loom) / max(top(tag), top(wd))
+                paired = statistics.median(
+                    lr[0] / max(tr[0], wr[0]) for lr, tr, wr in zip(loom, tag, wd))
                 print(f"{size:>6} {l:10.1f} {t:12.1f} {w:15.1f} {l / t:12.2f} {l / w:15.2f} "
-                      f"{l / max(t, w):10.2f} {best:10.2f} {med(loom, 1):13.3f} "
+                      f"{l / max(t, w):10.2f} {best:10.2f} {paired:7.2f} {med(loom, 1):13.3f} "
                       f"{med(tag, 1):15.3f}", flush=True)
 
 
