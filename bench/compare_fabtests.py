@@ -95,12 +95,17 @@ def main():
                   f"{'best runs':>10} {'paired':>7} {'loom Mxfer/s':>13} {'tagged Mxfer/s':>15}")
             for size in args.sizes.split(","):
                 loom, tag, wd = [], [], []
+                runs = [lambda p: tag.append(run_fabtests(tagged, [], provider, size, p)),
+                        lambda p: wd.append(run_fabtests(rma, ["-o", "writedata"], provider,
+                                                         size, p)),
+                        lambda p: loom.append(run_loom(args.loom, provider, size,
+                                                       f"{tmp}/r.json"))]
                 for rep in range(args.reps):
-                    port += 1
-                    tag.append(run_fabtests(tagged, [], provider, size, port))
-                    port += 1
-                    wd.append(run_fabtests(rma, ["-o", "writedata"], provider, size, port))
-                    loom.append(run_loom(args.loom, provider, size, f"{tmp}/r.json"))
+                    # Each tool goes first in turn: a run is slower right after one that
+                    # zeroed and freed gigabytes (fabtests allocates 64 messages each way).
+                    for k in range(len(runs)):
+                        port += 1
+                        runs[(rep + k) % len(runs)](port)
                 med = lambda runs, i: statistics.median(r[i] for r in runs)
                 top = lambda runs: max(r[0] for r in runs)
                 l, t, w = med(loom, 0), med(tag, 0), med(wd, 0)
