@@ -79,10 +79,9 @@ class Comm : public mux::CommPort {
   [[nodiscard]] bool finished(const Request& r) const noexcept {
     if (r.ops_outstanding != 0) return false;
     // The peer must have heard what it waits for: a receive's clear-to-send (its sender cannot
-    // finish without it, even when the data already came), a send's ready-to-send if it has one.
-    const bool told = r.kind == RequestKind::kRecv ? r.cts_sent
-                      : r.rts_needed               ? r.rts_sent || r.abandoned
-                                                   : true;
+    // finish without it, even when the data already came). A send's ready-to-send is part of
+    // its parts' done state (SendCommImpl::update_done).
+    const bool told = r.kind != RequestKind::kRecv || r.cts_sent;
     if (!told && !closed_ && !peer_closed_) return false;
     for (std::size_t i = 0; i < r.part_count; ++i)
       if (!r.parts[i].done) return false;

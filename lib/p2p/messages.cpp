@@ -16,9 +16,13 @@ static_assert(max_cts_entries(kMaxDataRails) >= kMaxParts, "a whole irecv fits o
 static_assert(cts_bytes(max_cts_entries(1), 1) <= mux::kMaxControlBody);
 static_assert(rts_bytes(kMaxBatch) <= mux::kMaxControlBody);
 
-constexpr std::size_t kCtsFlagOffset = 4 + 8 + 4;  // in an entry: after seq, size and tag
+// A clear-to-send entry's flags byte, after seq, size and tag.
+constexpr std::size_t kCtsFlagOffset = 4 + 8 + 4;
+constexpr std::uint8_t kCtsEagerReceive = 1;
+constexpr std::uint8_t kCtsRefused = 2;
 
-// An empty message is carried by its ready-to-send alone; any other by 1 to kMaxStripes writes.
+// An empty message's ready-to-send names no writes; any other's 1 to kMaxStripes (a refused
+// message's, which has none written, says 1).
 bool stripes_fit(const RtsEntry& e) {
   return e.size == 0 ? e.stripes == 0 : e.stripes >= 1 && e.stripes <= mux::kMaxStripes;
 }
@@ -214,7 +218,7 @@ std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
     w.u32(e.seq);
     w.u64(e.size);
     w.u32(e.tag);
-    w.u8(e.eager_receive ? 1 : 0);
+    w.u8((e.eager_receive ? kCtsEagerReceive : 0) | (e.refused ? kCtsRefused : 0));
     w.u64(e.address);
     for (std::size_t k = 0; k < m.data_rails; ++k) w.u64(e.keys[k]);
   }
@@ -236,8 +240,9 @@ CtsReader::CtsReader(std::span<const std::byte> body) noexcept : body_(body) {
   } else {
     const std::size_t stride = cts_bytes(1, rails_) - 2;
     for (std::size_t i = 0; i < count_ && error_ == nullptr; ++i) {
-      if (std::to_integer<std::uint8_t>(body[2 + i * stride + kCtsFlagOffset]) > 1) {
-        error_ = "clear-to-send: eager-receive flag out of range";
+      const auto flags = std::to_integer<std::uint8_t>(body[2 + i * stride + kCtsFlagOffset]);
+      if ((flags & ~(kCtsEagerReceive | kCtsRefused)) != 0) {
+        error_ = "clear-to-send: unknown flags";
       }
     }
   }
@@ -250,7 +255,9 @@ CtsEntryView CtsReader::entry(std::size_t i) const noexcept {
   view.seq = r.u32();
   view.size = r.u64();
   view.tag = r.u32();
-  view.eager_receive = r.u8() != 0;
+  const std::uint8_t flags = r.u8();
+  view.eager_receive = (flags & kCtsEagerReceive) != 0;
+  view.refused = (flags & kCtsRefused) != 0;
   view.address = r.u64();
   view.keys = r.bytes(8 * rails_).data();
   return view;
@@ -268,6 +275,7 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
     e.size = view.size;
     e.tag = view.tag;
     e.eager_receive = view.eager_receive;
+    e.refused = view.refused;
     e.address = view.address;
     std::memcpy(e.keys.data(), view.keys, 8 * reader.data_rails());
   }

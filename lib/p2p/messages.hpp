@@ -109,6 +109,9 @@ struct CtsEntry {
   // The receiver posted an eager receive for the buffer. Without one (buffers above the
   // receiver's eager limit) every message comes by write, whatever its size.
   bool eager_receive = true;
+  // The receive failed on the receiver (the provider refused to post it): nothing may be sent
+  // into the buffer, which is back with the receiver's application.
+  bool refused = false;
   std::uint64_t address = 0;  // for rendezvous writes, per MemoryRegistration::remote_address
   std::array<std::uint64_t, kMaxDataRails> keys{};
 };
@@ -136,6 +139,7 @@ struct CtsEntryView {
   std::uint64_t size = 0;
   std::uint32_t tag = 0;
   bool eager_receive = true;
+  bool refused = false;
   std::uint64_t address = 0;
   const std::byte* keys = nullptr;  // data_rails() little-endian u64 values
 };

@@ -119,19 +119,19 @@ void RecvCommImpl::post_in_order() {
   }
 }
 
-// A buffer above the eager limit gets no eager receive: it would be posted, then cancelled when
-// the ready-to-send comes (an error completion to read), for every large message. Its sender
-// writes instead, whatever the message's size, and sends a ready-to-send first.
+// A buffer above the eager limit gets no eager receive: it would be posted, then cancelled for
+// every large message (an error completion to read). Its sender writes instead, whatever the
+// message's size (see SendCommImpl::match).
 bool RecvCommImpl::post_receive(Request& r, std::size_t i) {
   Part& part = r.parts[i];
-  if (part.recv_posted || part.rendezvous || part.done || part.by_write) return true;
+  if (part.recv_posted || part.done || part.by_write) return true;
   if (part.size > eager_max_) {
     part.by_write = true;
     return true;
   }
   const std::size_t rail = part.seq % data_rails_;
   ofi::Rail& data_rail = lane_->rails().data(rail);
-  // Leaves room for eager messages sent ahead of their clear-to-send (Lane::may_post_receive).
+  // Leaves part of the provider's queue free of posted receives (Lane::may_post_receive).
   const Status status =
       !lane_->may_post_receive(rail)
           ? Status::kRetry
@@ -167,7 +167,7 @@ void RecvCommImpl::announce(Request& r) {
   for (std::size_t i = 0; i < r.part_count; ++i) {
     Part& part = r.parts[i];
     if (part.announced) continue;
-    if (!part.recv_posted && !part.rendezvous && !part.done && !part.by_write) {
+    if (!part.recv_posted && !part.done && !part.by_write) {
       all = false;  // retried with the receive (post_receive queued the request)
       continue;
     }
@@ -182,6 +182,7 @@ void RecvCommImpl::announce(Request& r) {
     entry.size = part.size;
     entry.tag = part.tag;
     entry.eager_receive = !part.by_write;
+    entry.refused = part.done && part.status != Status::kOk;
     entry.address = 0;
     if (part.registration != nullptr) {
       entry.address = part.registration->remote_address(part.data);

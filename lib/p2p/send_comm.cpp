@@ -197,6 +197,14 @@ void SendCommImpl::match(Request& r) {
   Clearance& clearance = clearances_[part.seq % kSeqWindow];
   clearance.valid = false;
   r.cts_matched = true;
+  if (clearance.refused) {
+    // The receive failed over there and its buffer is back with the application: nothing goes.
+    r.fail(Status::kError, "isend: the peer's receive for message " + std::to_string(part.seq) +
+                               " failed; nothing was sent");
+    r.eager = false;
+    r.stripes = 0;
+    return;
+  }
   if (clearance.size < part.size) {
     r.fail(Status::kTruncated, "isend: message of " + std::to_string(part.size) +
                                    " bytes is larger than the peer's posted buffer of " +
@@ -239,7 +247,9 @@ void SendCommImpl::update_done(Request& r) {
   if (r.eager) {
     part.done = (r.local_done && (r.cts_matched || !ok)) || (r.abandoned && !r.eager_posted);
   } else if (ok) {
-    part.done = r.cts_matched && r.stripes_done == r.stripes;
+    // The ready-to-send, where one is needed, is part of the message: a send done before it
+    // left would never queue it (advance() skips done parts) and the receiver would wait.
+    part.done = r.cts_matched && r.stripes_done == r.stripes && (!r.rts_needed || r.rts_sent);
   } else {
     // Failed: done once the receiver was told (ready-to-send) and no write is in flight.
     part.done = (!r.rts_needed || r.rts_sent || r.abandoned) && r.stripes_done == r.stripes_posted;
@@ -279,8 +289,8 @@ void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
   for (std::size_t i = 0; i < cts.count(); ++i) {
     const CtsEntryView entry = cts.entry(i);
     const std::size_t slot = entry.seq % kSeqWindow;
-    clearances_[slot] =
-        Clearance{true, entry.seq, entry.size, entry.tag, entry.eager_receive, entry.address};
+    clearances_[slot] = Clearance{
+        true, entry.seq, entry.size, entry.tag, entry.eager_receive, entry.refused, entry.address};
     // The keys of every rail our lane has (data_rails_ never exceeds it): the message can
     // arrive before our own handshake finished (data_rails_ still 0) when the receiver posts
     // right after accepting.

@@ -1,4 +1,4 @@
-// The sending side: eager tagged sends up to LOOM_EAGER_MAX, RDMA-write rendezvous above it.
+// The sending side: eager tagged sends into posted eager receives, RDMA writes otherwise.
 #pragma once
 
 #include <vector>
@@ -26,6 +26,7 @@ class SendCommImpl final : public Comm {
     std::uint64_t size = 0;
     std::uint32_t tag = 0;
     bool eager_receive = true;
+    bool refused = false;
     std::uint64_t address = 0;
   };
 

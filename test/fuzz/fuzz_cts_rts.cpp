@@ -10,7 +10,7 @@ using loom::fuzz::ByteSource;
 
 bool same_entry(const CtsEntry& a, const CtsEntry& b, std::size_t rails) {
   return a.seq == b.seq && a.size == b.size && a.tag == b.tag &&
-         a.eager_receive == b.eager_receive && a.address == b.address &&
+         a.eager_receive == b.eager_receive && a.refused == b.refused && a.address == b.address &&
          std::equal(a.keys.begin(), a.keys.begin() + rails, b.keys.begin());
 }
 
@@ -60,7 +60,9 @@ ClearToSend make_cts(ByteSource& s) {
     e.seq = s.take<std::uint32_t>();
     e.size = s.take<std::uint64_t>();
     e.tag = s.take<std::uint32_t>();
-    e.eager_receive = (s.u8() & 1) != 0;
+    const std::uint8_t flags = s.u8();
+    e.eager_receive = (flags & 1) != 0;
+    e.refused = (flags & 2) != 0;
     e.address = s.take<std::uint64_t>();
     for (std::size_t k = 0; k < std::min<std::size_t>(m.data_rails, kMaxDataRails); ++k) {
       e.keys[k] = s.take<std::uint64_t>();

@@ -68,6 +68,7 @@ ClearToSend cts(std::uint8_t count, std::uint8_t rails) {
                     .size = 1u << 20,
                     .tag = 9,
                     .eager_receive = i % 2 == 0,
+                    .refused = i % 3 == 2,
                     .address = 0x10000,
                     .keys = {}};
     for (std::uint8_t k = 0; k < rails; ++k) m.entries[i].keys[k] = 0xabc0u + k;

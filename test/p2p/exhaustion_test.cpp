@@ -93,8 +93,11 @@ void pool_receiver(Channel& channel, std::size_t ncomms) {
   for (std::size_t c = 0; c < ncomms; ++c) {
     regions[c] = comms[c]->register_memory(slabs[c].data(), slabs[c].size());
   }
+  // Two buffers in three are larger than their message: a written message that does not fill
+  // its buffer needs a ready-to-send, so control batches fill and meet back-pressure too.
   auto buffer_of = [&](std::size_t c, std::size_t k) {
-    return RecvBuffer{slabs[c].data() + (k % (kPool * kParts)) * kSlot, size_of(c, k), tag_of(c, k),
+    const std::size_t capacity = std::min(size_of(c, k) + (k % 3 != 0 ? 2000 : 0), kSlot);
+    return RecvBuffer{slabs[c].data() + (k % (kPool * kParts)) * kSlot, capacity, tag_of(c, k),
                       regions[c]};
   };
 
