@@ -198,14 +198,9 @@ void SendCommImpl::match(Request& r) {
   clearance.valid = false;
   r.cts_matched = true;
   if (clearance.refused) {
-    // The receive failed over there and its buffer is back with the application: nothing goes.
     r.fail(Status::kError, "isend: the peer's receive for message " + std::to_string(part.seq) +
                                " failed; nothing was sent");
-    r.eager = false;
-    r.stripes = 0;
-    return;
-  }
-  if (clearance.size < part.size) {
+  } else if (clearance.size < part.size) {
     r.fail(Status::kTruncated, "isend: message of " + std::to_string(part.size) +
                                    " bytes is larger than the peer's posted buffer of " +
                                    std::to_string(clearance.size) + " bytes (message " +
@@ -217,12 +212,13 @@ void SendCommImpl::match(Request& r) {
   }
   if (r.status != Status::kOk) {
     // Refused: no payload goes, only a ready-to-send, from which the receiver reaches the same
-    // verdict (and cancels an eager receive if one waits). Never a truncated receive on the
-    // wire: rxm over tcp without a shared receive queue drops the connection on one. Never an
-    // eager message into a buffer with no receive posted: it would wait unmatched forever.
+    // verdict (and cancels an eager receive if one waits); none for a receive that failed over
+    // there, whose buffer is back with the application. Never a truncated receive on the wire:
+    // rxm over tcp without a shared receive queue drops the connection on one. Never an eager
+    // message into a buffer with no receive posted: it would wait unmatched forever.
     r.eager = false;
     r.stripes = part.size == 0 ? 0 : 1;
-    r.rts_needed = true;
+    r.rts_needed = !clearance.refused;
     return;
   }
   if (r.eager && !clearance.eager_receive) {

@@ -94,7 +94,7 @@ void pool_receiver(Channel& channel, std::size_t ncomms) {
     regions[c] = comms[c]->register_memory(slabs[c].data(), slabs[c].size());
   }
   // Two buffers in three are larger than their message: a written message that does not fill
-  // its buffer needs a ready-to-send, so control batches fill and meet back-pressure too.
+  // its buffer needs a ready-to-send, so those run under exhaustion and small queues too.
   auto buffer_of = [&](std::size_t c, std::size_t k) {
     const std::size_t capacity = std::min(size_of(c, k) + (k % 3 != 0 ? 2000 : 0), kSlot);
     return RecvBuffer{slabs[c].data() + (k % (kPool * kParts)) * kSlot, capacity, tag_of(c, k),
