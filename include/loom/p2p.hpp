@@ -12,6 +12,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -99,11 +100,20 @@ class Communicator {
   // it runs, returns kOk with done == false. `sizes` receives the delivered size of each buffer
   // of a receive (or the size sent).
   Status test(Request* request, bool& done, std::span<std::size_t> sizes = {});
-  // test() until done, or kPeerError once LOOM_PEER_TIMEOUT_MS passes without progress.
-  Status wait(Request* request, std::span<std::size_t> sizes = {});
+  // test() until done. A peer that stays silent for LOOM_PEER_TIMEOUT_MS fails the request
+  // (kPeerError); a live peer that never posts the matching request does not, so wait returns
+  // kInProgress once `timeout` passed, the request still pending (test or wait on it again).
+  // While nothing completes it yields the CPU, then sleeps in steps of up to a millisecond.
+  Status wait(Request* request, std::span<std::size_t> sizes = {},
+              std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
 
-  // Cancels pending requests (their handles become invalid), tells the peer, and releases the
-  // communicator's endpoints share. Safe with requests in flight; idempotent.
+  // Cancels pending requests (their handles become invalid), tells the peer how far this side
+  // got, and releases the communicator's share of its lane. Safe with requests in flight;
+  // idempotent. What the peer's pending requests become (see the README's Failures section):
+  // a message this side had received, or had handed to the provider whole, still completes
+  // over there with its own outcome; the others fail with kPeerError. Returns once the
+  // provider handed back this side's operations (at most 200 ms; a communicator whose
+  // operations are still out then is freed when they are).
   void close();
 
   [[nodiscard]] const std::string& last_error() const noexcept;
@@ -194,6 +204,7 @@ struct LaneDescription {
   std::uint64_t id = 0;
   bool send = false;
   std::size_t comms = 0;
+  std::size_t retired = 0;  // closed communicators kept until the provider returns their operations
   std::size_t endpoints = 0;
   std::size_t registrations = 0;  // fid_mr objects (per endpoint under FI_MR_ENDPOINT)
   std::size_t registered_bytes = 0;

@@ -44,7 +44,7 @@ Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey 
   auto all = rails_->rails();
   control_ = std::make_unique<ControlChannel>(all.subspan(rails_->data_rails()),
                                               static_cast<ControlSink&>(*this));
-  comms_.resize(kInitialCommSlots, nullptr);
+  slots_.resize(kInitialCommSlots);
   retries_.reserve(kInitialCommSlots);
   retrying_.reserve(kInitialCommSlots);
   util::log().debug("lane {} opened: {} data + {} control rails", id_, rails_->data_rails(),
@@ -60,35 +60,43 @@ Lane::~Lane() {
 }
 
 CommId Lane::attach(CommPort& port) {
-  if (attached_ == comms_.size()) {
-    if (comms_.size() == kMaxComms) {
+  if (attached_ == slots_.size()) {
+    if (slots_.size() == kMaxComms) {
       throw Error("attach communicator", rails_->data(0).nic().attributes().provider, 0,
                   "lane " + std::to_string(id_) + " already carries " + std::to_string(kMaxComms) +
                       " communicators");
     }
-    next_id_ = static_cast<CommId>(comms_.size());
-    comms_.resize(comms_.size() * 2, nullptr);
+    // Ids distinct modulo n stay distinct modulo 2n: every attached id keeps a slot of its own.
+    std::vector<Slot> grown(slots_.size() * 2);
+    for (const Slot& slot : slots_)
+      if (slot.port != nullptr) grown[slot.id & (grown.size() - 1)] = slot;
+    slots_ = std::move(grown);
   }
-  // Round robin: an id comes back only after every other free id was used, so late traffic
-  // for a closed communicator is long drained before its id is reused.
-  while (comms_[next_id_] != nullptr)
-    next_id_ = static_cast<CommId>((next_id_ + 1) % comms_.size());
-  const CommId id = next_id_;
-  comms_[id] = &port;
+  const std::size_t mask = slots_.size() - 1;
+  CommId id = next_id_;
+  while (slots_[id & mask].port != nullptr) ++id;  // wraps at 2^16
+  slots_[id & mask] = Slot{&port, id};
   ++attached_;
-  next_id_ = static_cast<CommId>((id + 1) % comms_.size());
+  next_id_ = static_cast<CommId>(id + 1);
   return id;
 }
 
 void Lane::detach(CommId id) noexcept {
-  if (id < comms_.size() && comms_[id] != nullptr) {
-    comms_[id] = nullptr;
+  Slot& slot = slots_[id & (slots_.size() - 1)];
+  if (slot.id == id && slot.port != nullptr) {
+    slot.port = nullptr;
     --attached_;
   }
 }
 
 void Lane::retire(std::unique_ptr<CommPort> port) {
   retired_.push_back(std::move(port));
+  stats_.retired = retired_.size();
+}
+
+void Lane::free_drained() {
+  std::erase_if(retired_, [](const std::unique_ptr<CommPort>& port) { return port->drained(); });
+  stats_.retired = retired_.size();
 }
 
 ofi::Address Lane::peer_address(std::size_t rail, std::span<const std::byte> name) {
@@ -105,7 +113,7 @@ void Lane::run_retries() {
   deferred_lanes_->fetch_sub(1, std::memory_order_relaxed);
   retrying_.swap(retries_);
   for (CommId id : retrying_) {
-    if (id < comms_.size() && comms_[id] != nullptr) comms_[id]->on_retry();
+    if (CommPort* port = port_of(id)) port->on_retry();
   }
   retrying_.clear();
 }
@@ -116,6 +124,8 @@ std::size_t Lane::progress() {
   run_retries();
   const std::size_t handled = rails_->progress();
   control_->retry_reposts();
+  if (!retired_.empty()) [[unlikely]]
+    free_drained();
   return handled;
 }
 
@@ -127,8 +137,8 @@ LaneStats Lane::stats() const noexcept {
 
 void Lane::on_remote_write(std::uint64_t data) {
   const WriteImmediate immediate = decode_immediate(static_cast<std::uint32_t>(data));
-  if (immediate.comm < comms_.size() && comms_[immediate.comm] != nullptr) [[likely]] {
-    comms_[immediate.comm]->on_remote_write(immediate);
+  if (CommPort* port = port_of(immediate.comm)) [[likely]] {
+    port->on_remote_write(immediate);
     return;
   }
   ++stats_.stray_remote_writes;
@@ -138,13 +148,14 @@ void Lane::on_remote_write(std::uint64_t data) {
 
 void Lane::on_control(const ControlHeader& header, std::span<const std::byte> body) {
   util::log().trace("lane {}: control type {} for comm {}", id_, header.type, header.comm);
-  if (header.comm < comms_.size() && comms_[header.comm] != nullptr) [[likely]] {
-    comms_[header.comm]->on_control(header, body);
+  if (CommPort* port = port_of(header.comm)) [[likely]] {
+    port->on_control(header, body);
     return;
   }
+  // Expected when both ends close at once: each one's close notice finds the other gone.
   ++stats_.stray_control;
-  util::log().warn("lane {}: control message type {} for comm {} which is not open here; dropped",
-                   id_, header.type, header.comm);
+  util::log().debug("lane {}: control message type {} for comm {} which is not open here; dropped",
+                    id_, header.type, header.comm);
 }
 
 }  // namespace loom::mux

@@ -1,7 +1,8 @@
 // A lane: one rail set (data + control endpoints with their CQs, AVs and posted control
 // buffers) shared by the communicators to one peer in one direction. Completions reach the right
 // communicator by context (own operations), by the comm id in remote CQ data (RMA writes) or in
-// the control header (control messages); ids of closed communicators are never delivered to.
+// the control header (control messages). A comm id carries a generation (see attach()): traffic
+// for a closed communicator is dropped even once its slot serves another.
 #pragma once
 
 #include <atomic>
@@ -50,10 +51,13 @@ class CommPort {
   virtual void on_remote_write(WriteImmediate immediate) = 0;
   // Called from Lane::progress after schedule_retry(): post what back-pressure held back.
   virtual void on_retry() = 0;
+  // Closed and retired (Lane::retire): whether the provider handed back all its operations.
+  [[nodiscard]] virtual bool drained() const noexcept = 0;
 };
 
 struct LaneStats {
   std::size_t comms = 0;                  // attached now
+  std::size_t retired = 0;                // closed, waiting for their operations to drain
   std::uint64_t stray_control = 0;        // control messages for a comm id not attached
   std::uint64_t stray_remote_writes = 0;  // remote CQ data for a comm id not attached
 };
@@ -76,12 +80,17 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   // Held by a communicator for every call it makes; completions are dispatched under it.
   [[nodiscard]] util::SpinLock& mutex() noexcept { return mutex_; }
 
-  // Gives `port` a comm id unique on this lane. Throws loom::Error when all ids are taken.
+  // Gives `port` a comm id unique on this lane. Ids are drawn from a counter over all 2^16
+  // values, skipping those whose slot (the id's low bits) is taken: the bits above the slot are
+  // a generation, so an id comes back only after the counter went round once more, 2^16 / slots
+  // reuses of its slot later (4096 while the lane has at most 16 slots). Throws loom::Error
+  // when all ids are taken.
   CommId attach(CommPort& port);
   // Frees the id: nothing is routed to it any more.
   void detach(CommId id) noexcept;
-  // Keeps a closed communicator whose operations may still complete: it is destroyed only after
-  // the lane's endpoints are closed, so no completion can touch freed memory.
+  // Keeps a closed communicator whose operations may still complete: it is destroyed once
+  // drained() (looked at after each progress), or after the lane's endpoints are closed, so no
+  // completion can touch freed memory.
   void retire(std::unique_ptr<CommPort> port);
   // Asks for port.on_retry() at the next progress. The caller asks once until on_retry runs.
   void schedule_retry(CommId id) {
@@ -120,6 +129,13 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
  private:
   void on_remote_write(std::uint64_t data) override;
   void on_control(const ControlHeader& header, std::span<const std::byte> body) override;
+  // The communicator `id` names, or nullptr when none is attached under that id (generation
+  // included).
+  [[nodiscard]] CommPort* port_of(CommId id) const noexcept {
+    const Slot& slot = slots_[id & (slots_.size() - 1)];
+    return slot.id == id ? slot.port : nullptr;
+  }
+  void free_drained();
 
   LaneKey key_;
   std::uint64_t id_;
@@ -128,9 +144,13 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   std::vector<std::unique_ptr<CommPort>> retired_;
   std::unique_ptr<ofi::RailSet> rails_;
   std::unique_ptr<ControlChannel> control_;
-  std::vector<CommPort*> comms_;  // indexed by comm id; grows by doubling
+  struct Slot {
+    CommPort* port = nullptr;
+    CommId id = 0;
+  };
+  std::vector<Slot> slots_;  // indexed by the id's low bits; a power of two, grows by doubling
   std::size_t attached_ = 0;
-  CommId next_id_ = 0;
+  CommId next_id_ = 0;  // wraps: the generation counter
   std::vector<CommId> retries_;
   std::vector<CommId> retrying_;
   std::atomic<bool> deferred_{false};

@@ -99,6 +99,7 @@ RegistryStats LaneRegistry::stats() const {
                         .direction = key.direction,
                         .peer = key.peer,
                         .comms = entry.references,
+                        .retired = lane.stats().retired,
                         .endpoints = lane.rails().rails().size(),
                         .mr_cache = lane.rails().mr_cache().stats(),
                         .rails = {}};

@@ -33,6 +33,7 @@ struct LaneSummary {
   Direction direction;
   std::uint64_t peer;
   std::size_t comms;      // communicators holding the lane (attached or draining)
+  std::size_t retired;    // closed ones the lane keeps until their operations drain
   std::size_t endpoints;  // rails
   ofi::MrCacheStats mr_cache;
   std::vector<RailSummary> rails;

@@ -48,9 +48,10 @@ Status Communicator::test(Request* request, bool& done, std::span<std::size_t> s
   return comm_->test(request, done, sizes);
 }
 
-Status Communicator::wait(Request* request, std::span<std::size_t> sizes) {
+Status Communicator::wait(Request* request, std::span<std::size_t> sizes,
+                          std::chrono::milliseconds timeout) {
   if (!comm_) return Status::kInvalid;
-  return comm_->wait(request, sizes);
+  return comm_->wait(request, sizes, timeout);
 }
 
 void Communicator::close() {
@@ -151,6 +152,7 @@ ContextStats Context::stats() const {
     LaneDescription description{.id = lane.id,
                                 .send = lane.direction == mux::Direction::kSend,
                                 .comms = lane.comms,
+                                .retired = lane.retired,
                                 .endpoints = lane.endpoints,
                                 .registrations = lane.mr_cache.registrations,
                                 .registered_bytes = lane.mr_cache.bytes,

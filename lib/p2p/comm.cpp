@@ -18,6 +18,16 @@ constexpr auto kCloseDrain = std::chrono::milliseconds(200);
 // Unfinished test() calls between looks at the clock for the peer's liveness.
 constexpr unsigned kPollsPerLivenessCheck = 256;
 static_assert((kPollsPerLivenessCheck & (kPollsPerLivenessCheck - 1)) == 0);
+// wait(): polls that found nothing to do before it yields the CPU on each further one, and
+// before it sleeps between them (from kFirstSleep, doubling up to kLongestSleep). The first
+// bound keeps a transfer's latency spinning-fast; the second is about a millisecond of nothing.
+constexpr unsigned kEmptyPollsBeforeYield = 256;
+constexpr unsigned kEmptyPollsBeforeSleep = 4096;
+constexpr auto kFirstSleep = std::chrono::microseconds(20);
+constexpr auto kLongestSleep = std::chrono::microseconds(1000);
+// wait() looks at the clock for its timeout every this many polls.
+constexpr unsigned kPollsPerClockRead = 64;
+static_assert((kPollsPerClockRead & (kPollsPerClockRead - 1)) == 0);
 
 }  // namespace
 
@@ -38,7 +48,26 @@ Comm::Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction di
   id_ = lane.attach(*this);
 }
 
-Comm::~Comm() = default;
+// Comm::close() is the way out; a communicator destroyed without it (an owner's bug) still
+// leaves its lane, so the lane never routes to freed memory.
+Comm::~Comm() {
+  if (closed_) return;
+  util::log().error("comm {} on lane {} destroyed without close()", id_, lane_->id());
+  {
+    std::lock_guard lock(lane_->mutex());
+    for (auto& entry : registrations_) {
+      if (entry.registration != nullptr) lane_->rails().mr_cache().release(*entry.registration);
+    }
+    lane_->detach(id_);
+  }
+  core_->lanes().leave(*lane_);
+}
+
+bool Comm::drained() const noexcept {
+  for (const Request& r : requests_.built())
+    if (r.in_use && r.ops_outstanding != 0) return false;
+  return true;
+}
 
 LaneAddresses Comm::local_addresses() const {
   LaneAddresses addresses{.lane = lane_->id(), .comm = id_, .data = {}, .control = {}};
@@ -187,7 +216,19 @@ Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const s
   return status;
 }
 
+Status Comm::refuse_batch(const char* what) {
+  last_error_ = std::string("internal error: a ") + what + " batch could not be encoded";
+  util::log().error("comm {} on lane {}: {}", id_, lane_->id(), last_error_);
+  return Status::kError;
+}
+
 Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
+  std::size_t handled = 0;
+  return poll(request, done, sizes, handled);
+}
+
+Status Comm::poll(Request* request, bool& done, std::span<std::size_t> sizes,
+                  std::size_t& handled) {
   done = false;
   if (!requests_.owns(request) || !request->in_use) [[unlikely]] {
     return reject(Status::kInvalid, "test: not a pending request of this communicator");
@@ -195,7 +236,7 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
   std::unique_lock lock(lane_->mutex());
   // An earlier CQ read may already have finished it: only poll (a system call on some
   // providers) for requests still pending.
-  std::size_t handled = 1;
+  handled = 1;
   bool ready = finished(*request);
   if (!ready) {
     handled = lane_->progress();
@@ -232,21 +273,61 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
   return status;
 }
 
-// A dead peer fails the request through check_peer(), so waiting is just testing.
-Status Comm::wait(Request* request, std::span<std::size_t> sizes) {
-  for (;;) {
+// A dead peer fails the request through check_peer(), so waiting is testing, bounded by the
+// caller's timeout, with the CPU given up while nothing happens.
+Status Comm::wait(Request* request, std::span<std::size_t> sizes,
+                  std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = timeout == std::chrono::milliseconds::max() ? Clock::time_point::max()
+                                                                    : Clock::now() + timeout;
+  unsigned empty_polls = 0;
+  auto sleep = std::chrono::duration_cast<std::chrono::nanoseconds>(kFirstSleep);
+  for (unsigned polls = 1;; ++polls) {
     bool done = false;
-    const Status status = test(request, done, sizes);
+    std::size_t handled = 0;
+    const Status status = poll(request, done, sizes, handled);
     if (done || status != Status::kOk) return status;
+    if ((polls & (kPollsPerClockRead - 1)) == 0 && Clock::now() >= deadline) [[unlikely]] {
+      return reject(Status::kInProgress, "wait: the request is still pending after " +
+                                             std::to_string(timeout.count()) + " ms");
+    }
+    if (handled != 0) {
+      empty_polls = 0;
+      sleep = kFirstSleep;
+      continue;
+    }
+    if (++empty_polls < kEmptyPollsBeforeYield) continue;
+    if (empty_polls < kEmptyPollsBeforeSleep) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min<std::chrono::nanoseconds>(sleep * 2, kLongestSleep);
   }
 }
 
 void Comm::peer_lost(std::string why, bool warn) {
-  if (peer_closed_) return;
-  peer_closed_ = true;
+  if (peer_ == PeerState::kLost) return;
+  peer_ = PeerState::kLost;
   peer_gone_ = std::move(why);
   if (warn) util::log().warn("comm {} on lane {}: {}", id_, lane_->id(), peer_gone_);
   fail_all(Status::kPeerError, peer_gone_);
+}
+
+void Comm::on_peer_close(std::span<const std::byte> body) {
+  if (peer_gone()) return;
+  CloseNotice notice;
+  if (const char* why = decode_close(body, notice)) [[unlikely]] {
+    peer_lost(std::string("the peer closed the communicator with a bad close notice: ") + why);
+    return;
+  }
+  peer_ = PeerState::kClosed;
+  peer_gone_ = "the peer closed the communicator";
+  close_deadline_ =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(core_->config().peer_timeout_ms);
+  util::log().debug("comm {} on lane {}: the peer closed; it finished messages below {}", id_,
+                    lane_->id(), notice.complete_below);
+  fail_unfinished(notice.complete_below, peer_gone_);
 }
 
 bool Comm::on_liveness(const mux::ControlHeader& header) {
@@ -261,9 +342,19 @@ bool Comm::on_liveness(const mux::ControlHeader& header) {
 }
 
 void Comm::check_peer() {
-  if (peer_closed_ || closed_ || peer_control_.empty()) return;
+  if (peer_ == PeerState::kLost || closed_ || peer_control_.empty()) return;
   const auto now = std::chrono::steady_clock::now();
   const auto timeout = std::chrono::milliseconds(core_->config().peer_timeout_ms);
+  if (peer_ == PeerState::kClosed) {
+    // What the peer had sent before it closed is still on its way; it had that long.
+    if (now > close_deadline_) {
+      fail_all(Status::kPeerError,
+               "the peer closed the communicator and what it had sent did not arrive within "
+               "LOOM_PEER_TIMEOUT_MS (" +
+                   std::to_string(timeout.count()) + " ms)");
+    }
+    return;
+  }
   if (now - last_heard_ > timeout) {
     peer_lost("no sign of life from the peer for LOOM_PEER_TIMEOUT_MS (" +
               std::to_string(timeout.count()) + " ms): taken as dead");
@@ -293,6 +384,9 @@ CommStats Comm::stats() const {
 void Comm::fail_all(Status status, const std::string& text) {
   for (Request& r : requests_.built()) {
     if (!r.in_use) continue;
+    bool all_done = true;
+    for (std::size_t i = 0; i < r.part_count; ++i) all_done = all_done && r.parts[i].done;
+    if (all_done) continue;  // its outcome is decided: test() reports it
     r.fail(status, text);
     for (std::size_t i = 0; i < r.part_count; ++i) {
       Part& part = r.parts[i];
@@ -311,29 +405,31 @@ void Comm::close(std::unique_ptr<Comm> self) {
   bool drained = false;
   {
     std::unique_lock lock(lane.mutex());
-    self->closed_ = true;
     // A close notice from the peer may be waiting: then the peer's endpoints may be gone, and
     // some providers (shm) cannot take a message for a closed endpoint.
+    self->closed_ = true;
     lane.progress();
     util::log().debug("closing comm {} on lane {} (peer comm {}{})", self->id_, lane.id(),
-                      self->peer_id_, self->peer_closed_ ? ", closed by the peer" : "");
-    if (!self->peer_closed_ && !self->peer_control_.empty()) {
-      self->send_control(MessageType::kClose, 0, {});
+                      self->peer_id_, self->peer_gone() ? ", the peer is gone" : "");
+    const auto deadline = std::chrono::steady_clock::now() + kCloseDrain;
+    if (!self->peer_gone() && !self->peer_control_.empty()) {
+      // Tells the peer how far we got, so that what arrived stays delivered over there.
+      std::byte body[kCloseNoticeBytes];
+      const std::size_t length = encode_close({self->complete_below()}, body);
+      Status sent = self->send_control(MessageType::kClose, 0, {body, length});
+      while (sent == Status::kRetry && std::chrono::steady_clock::now() < deadline) {
+        lane.progress();
+        sent = self->send_control(MessageType::kClose, 0, {body, length});
+      }
     }
     self->fail_all(Status::kCancelled, "communicator closed");
-    const auto deadline = std::chrono::steady_clock::now() + kCloseDrain;
-    auto outstanding = [&] {
-      for (const Request& r : self->requests_.built())
-        if (r.in_use && r.ops_outstanding != 0) return true;
-      return false;
-    };
-    while (outstanding() && std::chrono::steady_clock::now() < deadline) {
+    while (!self->drained() && std::chrono::steady_clock::now() < deadline) {
       lane.progress();
       lock.unlock();
       std::this_thread::yield();
       lock.lock();
     }
-    drained = !outstanding();
+    drained = self->drained();
     for (auto& entry : self->registrations_) {
       if (entry.registration != nullptr) lane.rails().mr_cache().release(*entry.registration);
       entry.registration = nullptr;

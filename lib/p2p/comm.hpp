@@ -50,7 +50,10 @@ class Comm : public mux::CommPort {
   MemoryRegion register_memory(const void* data, std::size_t size, MemoryType type, int device);
   void deregister(MemoryRegion region);
   Status test(Request* request, bool& done, std::span<std::size_t> sizes);
-  Status wait(Request* request, std::span<std::size_t> sizes);
+  // test() until done; kInProgress once `timeout` passed with the request still pending. Backs
+  // off (yield, then short sleeps) while nothing completes, so a wait for a peer that is slow
+  // to post leaves the CPU to others.
+  Status wait(Request* request, std::span<std::size_t> sizes, std::chrono::milliseconds timeout);
   [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
   [[nodiscard]] CommStats stats() const;
 
@@ -60,6 +63,8 @@ class Comm : public mux::CommPort {
 
   // Called by a request's completion (under the lane lock).
   virtual void on_op(Request& request, std::size_t index, const ofi::Completion& completion) = 0;
+  // No operation of the communicator is left with the provider.
+  [[nodiscard]] bool drained() const noexcept override;
 
  protected:
   struct Registration {
@@ -75,6 +80,12 @@ class Comm : public mux::CommPort {
                                         std::size_t size);
   Status reject(Status status, std::string text);  // records last_error_
   void queue_retry(Request& request);
+  // Where the peer stands. kClosed: it closed its end and said how far it got (its close
+  // notice): what it sent or received before that still finishes here; the rest failed.
+  // kLost: dead, unreachable or silent; everything pending failed.
+  enum class PeerState : std::uint8_t { kConnected, kClosed, kLost };
+  [[nodiscard]] bool peer_gone() const noexcept { return peer_ != PeerState::kConnected; }
+
   // Inline: test() asks it once or twice per call.
   [[nodiscard]] bool finished(const Request& r) const noexcept {
     if (r.ops_outstanding != 0) return false;
@@ -82,17 +93,31 @@ class Comm : public mux::CommPort {
     // finish without it, even when the data already came). A send's ready-to-send is part of
     // its parts' done state (SendCommImpl::update_done).
     const bool told = r.kind != RequestKind::kRecv || r.cts_sent;
-    if (!told && !closed_ && !peer_closed_) return false;
+    if (!told && !closed_ && !peer_gone()) return false;
     for (std::size_t i = 0; i < r.part_count; ++i)
       if (!r.parts[i].done) return false;
     return true;
   }
   // Sends a control message to the peer: kOk, kRetry (back-pressure) or kError (logged).
   Status send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body);
-  // Every request fails with `status`/`text`; posted receives are cancelled.
+  // A batch of `what` its encoder refused: kError with last_error_ set (logged once).
+  [[gnu::cold]] Status refuse_batch(const char* what);
+  // Every request not finished yet fails with `status`/`text`; posted receives are cancelled.
+  // A request whose parts all finished keeps its outcome: it was delivered.
   void fail_all(Status status, const std::string& text);
-  // The peer is gone (closed, dead or unreachable): every request fails, new ones are refused.
+  // The peer is gone (dead or unreachable): every request fails, new ones are refused.
   void peer_lost(std::string why, bool warn = true);
+  // The peer's close notice: `complete_below` is the first sequence number it had not finished
+  // (see complete_below()). Fails what the peer will never finish; the rest runs on, bounded by
+  // LOOM_PEER_TIMEOUT_MS.
+  void on_peer_close(std::span<const std::byte> body);
+  // What our close notice tells the peer: every message below this sequence number was handed
+  // to the provider whole (sender) or arrived (receiver).
+  [[nodiscard]] virtual std::uint32_t complete_below() const noexcept = 0;
+  // Fails the pending parts the closed peer will never finish (sequence >= `complete_below`).
+  virtual void fail_unfinished(std::uint32_t complete_below, const std::string& why) = 0;
+  // One test() pass; `handled` counts the completions it processed.
+  Status poll(Request* request, bool& done, std::span<std::size_t> sizes, std::size_t& handled);
   // Pings and pongs: true when `header` was one (and consumed). Anything from the peer is a
   // sign of life.
   bool on_liveness(const mux::ControlHeader& header);
@@ -135,8 +160,9 @@ class Comm : public mux::CommPort {
   std::size_t eager_max_;
   std::size_t inject_max_ = 0;  // eager sends up to this size are injected (no completion)
   bool closed_ = false;
-  bool peer_closed_ = false;  // closed, dead or unreachable: peer_gone_ says which
-  std::string peer_gone_;
+  PeerState peer_ = PeerState::kConnected;
+  std::string peer_gone_;                                 // why, once peer_ is not kConnected
+  std::chrono::steady_clock::time_point close_deadline_;  // kClosed: the rest must arrive by then
   std::chrono::steady_clock::time_point last_heard_;
   std::chrono::steady_clock::time_point next_ping_;
   unsigned liveness_polls_ = 0;

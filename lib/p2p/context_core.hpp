@@ -159,6 +159,7 @@ class ConnectorState {
   std::unique_ptr<Comm> comm_;
   bool sent_ = false;
   bool done_ = false;
+  std::optional<Error> failure_;  // why the connect failed; every later poll() says it again
   std::chrono::steady_clock::time_point deadline_;
   std::optional<AcceptMessage> accept_;
   std::optional<RejectMessage> reject_;

@@ -154,31 +154,43 @@ ConnectorState::~ConnectorState() {
 }
 
 std::unique_ptr<SendComm> ConnectorState::poll() {
+  if (failure_) throw *failure_;
   if (done_) return nullptr;
   std::unique_lock lock(core_->bootstrap_mutex());
+  // A failure after the communicator joined its lane takes it off again: a later poll() must
+  // not leave it attached behind a new one.
+  auto give_up = [&](const Error& error) {
+    lock.unlock();
+    done_ = true;
+    failure_ = error;
+    if (comm_) Comm::close(std::move(comm_));
+  };
   if (!sent_) {
-    mux::Lane& lane = core_->lanes().join_send(target_.context, route_.placement);
-    comm_ = make_comm<SendCommImpl>(core_, lane);
-    auto reply_to = core_->bootstrap_address(route_.bootstrap_rail);
-    ConnectMessage message{.listener = target_.listener,
-                           .nonce = target_.nonce,
-                           .context = core_->id(),
-                           .connect_id = id_,
-                           .reply_to = {reply_to.begin(), reply_to.end()},
-                           .lane = comm_->local_addresses()};
-    std::byte body[kHandshakeBytes];
-    const std::size_t length = encode_connect(message, body);
-    if (length == 0) throw Error("connect", core_->provider(), 0, "lane addresses do not fit");
-    core_->send_bootstrap(target_.addresses[route_.address], MessageType::kConnect, {body, length},
-                          id_);
-    sent_ = true;
+    try {
+      mux::Lane& lane = core_->lanes().join_send(target_.context, route_.placement);
+      comm_ = make_comm<SendCommImpl>(core_, lane);
+      auto reply_to = core_->bootstrap_address(route_.bootstrap_rail);
+      ConnectMessage message{.listener = target_.listener,
+                             .nonce = target_.nonce,
+                             .context = core_->id(),
+                             .connect_id = id_,
+                             .reply_to = {reply_to.begin(), reply_to.end()},
+                             .lane = comm_->local_addresses()};
+      std::byte body[kHandshakeBytes];
+      const std::size_t length = encode_connect(message, body);
+      if (length == 0) throw Error("connect", core_->provider(), 0, "lane addresses do not fit");
+      core_->send_bootstrap(target_.addresses[route_.address], MessageType::kConnect,
+                            {body, length}, id_);
+      sent_ = true;
+    } catch (const Error& error) {
+      give_up(error);
+      throw;
+    }
   }
   core_->progress_bootstrap();
   auto fail = [&](int code, const std::string& why) {
-    lock.unlock();
-    done_ = true;
-    Comm::close(std::move(comm_));
-    throw Error("connect", core_->provider(), code, why);
+    give_up(Error("connect", core_->provider(), code, why));
+    throw *failure_;
   };
   if (reject_)
     fail(ECONNREFUSED, std::string("refused by the listener: ") + to_string(reject_->reason));

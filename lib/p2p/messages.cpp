@@ -189,6 +189,19 @@ const char* decode_reject(std::span<const std::byte> in, RejectMessage& out) {
   return nullptr;
 }
 
+std::size_t encode_close(const CloseNotice& m, std::span<std::byte> out) {
+  WireWriter w(out);
+  w.u32(m.complete_below);
+  return finish(w);
+}
+
+const char* decode_close(std::span<const std::byte> in, CloseNotice& out) {
+  WireReader r(in);
+  out.complete_below = r.u32();
+  if (!r.done()) return "close notice has the wrong length";
+  return nullptr;
+}
+
 const char* to_string(RejectReason reason) {
   switch (reason) {
     case RejectReason::kBadMagic:

@@ -26,13 +26,14 @@ enum class MessageType : std::uint8_t {
   // lane control rails
   kClearToSend = 16,  // receiver -> sender: buffers posted for these sequence numbers
   kReadyToSend = 17,  // sender -> receiver: size and tag where the writes cannot tell them
-  kClose = 18,        // either way: the peer closed this communicator
+  kClose = 18,        // either way: the peer closed this communicator (a CloseNotice)
   kPing = 19,         // either way, while requests wait on the peer: are you there?
   kPong = 20,         // the answer (sent by the lane's progress, whatever the peer is doing)
 };
 
 inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"
-inline constexpr std::uint8_t kProtocolVersion = 3;
+// 4: comm ids carry a generation; a close notice says how far its sender got.
+inline constexpr std::uint8_t kProtocolVersion = 4;
 inline constexpr std::size_t kMaxAddressBytes = 96;
 inline constexpr std::size_t kMaxHandleAddresses = 4;
 inline constexpr std::size_t kMaxDataRails = 16;
@@ -176,5 +177,22 @@ inline constexpr std::size_t rts_bytes(std::size_t count) {
 }
 std::size_t encode_rts(const ReadyToSend& message, std::span<std::byte> out);
 const char* decode_rts(std::span<const std::byte> in, ReadyToSend& out);
+
+// A communicator's last word to its peer. A sender says every message below `complete_below`
+// was handed to the provider whole (its data and any ready-to-send are on the way); a receiver
+// says every buffer below it was filled or failed with a verdict both sides share. The peer
+// keeps what that covers and fails the rest.
+struct CloseNotice {
+  std::uint32_t complete_below = 0;
+};
+inline constexpr std::size_t kCloseNoticeBytes = 4;
+std::size_t encode_close(const CloseNotice& message, std::span<std::byte> out);
+const char* decode_close(std::span<const std::byte> in, CloseNotice& out);
+
+// Sequence numbers wrap: `a` comes before `b` when fewer than 2^31 steps lie from a to b.
+constexpr bool seq_before(std::uint32_t a, std::uint32_t b) {
+  return static_cast<std::int32_t>(a - b) < 0;
+}
+static_assert(seq_before(0xFFFFFFFFu, 0) && !seq_before(0, 0xFFFFFFFFu) && !seq_before(5, 5));
 
 }  // namespace loom::p2p

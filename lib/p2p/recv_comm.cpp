@@ -14,7 +14,7 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
   std::lock_guard lock(lane_->mutex());
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "irecv on a closed communicator");
-  if (peer_closed_) [[unlikely]] {
+  if (peer_gone()) [[unlikely]] {
     return reject(Status::kPeerError, "irecv: " + peer_gone_);
   }
   if (buffers.empty() || buffers.size() > kMaxParts) [[unlikely]] {
@@ -197,15 +197,17 @@ void RecvCommImpl::announce(Request& r) {
 
 void RecvCommImpl::flush_control() {
   if (batch_.count == 0) return;
-  if (closed_ || peer_closed_) {
+  if (closed_ || peer_gone()) {
     batch_.count = 0;
     batched_.clear();
     return;
   }
   std::byte body[mux::kMaxControlBody];
   const std::size_t length = encode_cts(batch_, body);
+  // See SendCommImpl::flush_control: an unencodable batch fails its requests.
   const Status status =
-      send_control(MessageType::kClearToSend, batch_.entries[0].seq, {body, length});
+      length == 0 ? refuse_batch("clear-to-send")
+                  : send_control(MessageType::kClearToSend, batch_.entries[0].seq, {body, length});
   if (status == Status::kRetry) {
     schedule_flush();
     return;
@@ -233,6 +235,37 @@ void RecvCommImpl::cancel(Request& r) {
   for (std::size_t i = 0; i < r.part_count; ++i) {
     if (r.parts[i].recv_outstanding && r.kind == RequestKind::kRecv) {
       lane_->rails().data(r.parts[i].seq % data_rails_).cancel(&r.ops[i]);
+    }
+  }
+}
+
+std::uint32_t RecvCommImpl::complete_below() const noexcept {
+  std::uint32_t below = next_seq_;
+  for (const Request& r : requests_.built()) {
+    if (!r.in_use || r.kind != RequestKind::kRecv) continue;
+    for (std::size_t i = 0; i < r.part_count; ++i) {
+      const Part& part = r.parts[i];
+      if (!part.done && seq_before(part.seq, below)) below = part.seq;
+    }
+  }
+  return below;
+}
+
+void RecvCommImpl::fail_unfinished(std::uint32_t complete_below, const std::string& why) {
+  for (Request& r : requests_.built()) {
+    if (!r.in_use || r.kind != RequestKind::kRecv) continue;
+    for (std::size_t i = 0; i < r.part_count; ++i) {
+      Part& part = r.parts[i];
+      // Below complete_below the sender handed the message over whole: it is on its way.
+      if (part.done || seq_before(part.seq, complete_below)) continue;
+      part.status = Status::kPeerError;
+      r.fail(Status::kPeerError,
+             "irecv: " + why + " before sending message " + std::to_string(part.seq));
+      if (part.recv_outstanding) {
+        lane_->rails().data(part.seq % data_rails_).cancel(&r.ops[i]);  // done when it completes
+      } else {
+        part.done = true;
+      }
     }
   }
 }
@@ -366,7 +399,7 @@ void RecvCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
       on_ready_to_send(body);
       return;
     case MessageType::kClose:
-      peer_lost("the peer closed the communicator", false);
+      on_peer_close(body);
       return;
     default:
       util::log().warn("comm {} on lane {}: unexpected control message type {} dropped", id_,

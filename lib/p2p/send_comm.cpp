@@ -42,7 +42,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   std::lock_guard lock(lane_->mutex());
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "isend on a closed communicator");
-  if (peer_closed_) [[unlikely]] {
+  if (peer_gone()) [[unlikely]] {
     return reject(Status::kPeerError, "isend: " + peer_gone_);
   }
   const ofi::MemoryRegistration* registration = nullptr;
@@ -83,7 +83,8 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
 // and a written message's sender knows whether the receiver needs a ready-to-send at all.
 void SendCommImpl::advance(Request& r) {
   Part& part = r.parts[0];
-  const bool sendable = !r.abandoned && !part.done;
+  // Closing: what has not left stays (the close notice tells the receiver it never will).
+  const bool sendable = !closed_ && !r.abandoned && !part.done;
   if (r.eager) {
     // No division for the common single rail: it would cost more than the rest of the choice.
     const std::size_t rail = data_rails_ <= 1 ? 0 : part.seq % data_rails_;
@@ -135,15 +136,18 @@ void SendCommImpl::advance(Request& r) {
 
 void SendCommImpl::flush_control() {
   if (batch_.count == 0) return;
-  if (closed_ || peer_closed_) {
+  if (closed_ || peer_gone()) {
     batch_.count = 0;
     batched_.clear();
     return;
   }
   std::byte body[rts_bytes(kMaxBatch)];
   const std::size_t length = encode_rts(batch_, body);
+  // An entry its decoder would refuse is loom's own bug: an empty message would leave both
+  // sides waiting, so the batch's requests fail instead.
   const Status status =
-      send_control(MessageType::kReadyToSend, batch_.entries[0].seq, {body, length});
+      length == 0 ? refuse_batch("ready-to-send")
+                  : send_control(MessageType::kReadyToSend, batch_.entries[0].seq, {body, length});
   if (status == Status::kRetry) {
     schedule_flush();
     return;
@@ -253,6 +257,35 @@ void SendCommImpl::update_done(Request& r) {
   if (part.done && ok) part.delivered = part.size;
 }
 
+// Handed to the provider whole: the payload (and a ready-to-send where one is needed) left, or
+// the message failed with a verdict the receiver reaches too.
+std::uint32_t SendCommImpl::complete_below() const noexcept {
+  std::uint32_t below = next_seq_;
+  for (const Request& r : requests_.built()) {
+    if (!r.in_use || r.kind != RequestKind::kSend || r.parts[0].done) continue;
+    const bool told = !r.rts_needed || r.rts_sent;
+    const bool left = r.status != Status::kOk
+                          ? told
+                          : (r.eager ? r.eager_posted : r.stripes_posted == r.stripes && told);
+    if (!left && seq_before(r.parts[0].seq, below)) below = r.parts[0].seq;
+  }
+  return below;
+}
+
+void SendCommImpl::fail_unfinished(std::uint32_t complete_below, const std::string& why) {
+  for (Request& r : requests_.built()) {
+    Part& part = r.parts[0];
+    if (!r.in_use || r.kind != RequestKind::kSend || part.done) continue;
+    // Arrived over there: its own completions finish it, with their outcome.
+    if (seq_before(part.seq, complete_below) && r.status == Status::kOk) continue;
+    r.fail(Status::kPeerError,
+           "isend: " + why + " before receiving message " + std::to_string(part.seq));
+    part.status = Status::kPeerError;
+    part.done = true;  // finished() still waits for writes in flight
+    r.abandoned = true;
+  }
+}
+
 void SendCommImpl::on_op(Request& r, std::size_t, const ofi::Completion& completion) {
   --r.ops_outstanding;
   if (completion.status != Status::kOk) {
@@ -271,9 +304,11 @@ void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
   if (on_liveness(header)) return;
   const auto type = static_cast<MessageType>(header.type);
   if (type == MessageType::kClose) {
-    peer_lost("the peer closed the communicator", false);
+    on_peer_close(body);
     return;
   }
+  // A clear-to-send that crossed the peer's close notice: its buffers are gone.
+  if (peer_gone()) return;
   const CtsReader cts(type == MessageType::kClearToSend ? body : std::span<const std::byte>{});
   const char* why =
       type != MessageType::kClearToSend ? "unexpected message type for a sender" : cts.error();

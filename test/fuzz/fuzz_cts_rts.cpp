@@ -1,5 +1,6 @@
-// The per-communicator control bodies: clear-to-send (receiver to sender) and ready-to-send
-// (sender to receiver). Every input goes through both decoders.
+// The per-communicator control bodies: clear-to-send (receiver to sender), ready-to-send
+// (sender to receiver) and the close notice (either way). Every input goes through every
+// decoder.
 #include "fuzz.hpp"
 #include "mux/routing.hpp"
 
@@ -86,8 +87,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                               .stripes = source.u8()};
   }
 
+  const CloseNotice close{.complete_below = source.take<std::uint32_t>()};
+  const auto same_close = [](const CloseNotice& a, const CloseNotice& b) {
+    return a.complete_below == b.complete_below;
+  };
+
   loom::fuzz::check_decode(in, cts, decode_cts, encode_cts, same_cts, cts_fits);
   loom::fuzz::check_decode(in, rts, decode_rts, encode_rts, same_rts, rts_fits);
+  loom::fuzz::check_decode(in, close, decode_close, encode_close, same_close,
+                           [](const CloseNotice&) { return true; });
+  loom::fuzz::check_encode(close, true, kCloseNoticeBytes,
+                           loom::fuzz::make_room(source, kCloseNoticeBytes), decode_close,
+                           encode_close, same_close);
 
   const std::size_t expected = cts_bytes(cts.count, cts.data_rails);
   loom::fuzz::check_encode(cts, cts_fits(cts), expected, loom::fuzz::make_room(source, expected),

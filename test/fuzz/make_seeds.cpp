@@ -135,7 +135,9 @@ std::vector<Seed> seeds() {
                                          {.seq = 12, .size = 0, .tag = 6, .stripes = 0}})});
 
   s.push_back(
-      {"control_header/close", control(static_cast<std::uint8_t>(MessageType::kClose), {})});
+      {"control_header/close", control(static_cast<std::uint8_t>(MessageType::kClose),
+                                       encoded(CloseNotice{.complete_below = 12}, encode_close))});
+  s.push_back({"cts_rts/close", encoded(CloseNotice{.complete_below = 4096}, encode_close)});
   s.push_back(
       {"control_header/rts", control(static_cast<std::uint8_t>(MessageType::kReadyToSend),
                                      rts({{.seq = 7, .size = 1u << 24, .tag = 1, .stripes = 2}}))});
