@@ -48,19 +48,16 @@ Comm::Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction di
   id_ = lane.attach(*this);
 }
 
-// Comm::close() is the way out; a communicator destroyed without it (an owner's bug) still
-// leaves its lane, so the lane never routes to freed memory.
+// Comm::close() is the way out. A communicator destroyed without it (a constructor that threw
+// after attaching, whose maker leaves the lane; or an owner's bug) still detaches, so the lane
+// never routes to freed memory.
 Comm::~Comm() {
   if (closed_) return;
-  util::log().error("comm {} on lane {} destroyed without close()", id_, lane_->id());
-  {
-    std::lock_guard lock(lane_->mutex());
-    for (auto& entry : registrations_) {
-      if (entry.registration != nullptr) lane_->rails().mr_cache().release(*entry.registration);
-    }
-    lane_->detach(id_);
+  std::lock_guard lock(lane_->mutex());
+  for (auto& entry : registrations_) {
+    if (entry.registration != nullptr) lane_->rails().mr_cache().release(*entry.registration);
   }
-  core_->lanes().leave(*lane_);
+  lane_->detach(id_);
 }
 
 bool Comm::drained() const noexcept {
