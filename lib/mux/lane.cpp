@@ -1,6 +1,7 @@
 #include "mux/lane.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 #include "loom/error.hpp"
 #include "ofi/nic.hpp"
@@ -10,6 +11,8 @@ namespace loom::mux {
 namespace {
 
 constexpr std::size_t kInitialCommSlots = 16;
+// How long a closing lane waits for the operations of its retired communicators.
+constexpr auto kLastDrain = std::chrono::milliseconds(500);
 constexpr std::size_t kMaxComms = std::size_t{1} << kCommIdBits;
 
 }  // namespace
@@ -53,6 +56,18 @@ Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey 
 
 Lane::~Lane() {
   if (!retries_.empty()) deferred_lanes_->fetch_sub(1, std::memory_order_relaxed);
+  // Operations of retired communicators (sends to a peer that went away) get a last chance to
+  // complete, with an error where the connection is gone: rxm crashes closing an endpoint
+  // whose write is still queued on a connection the peer reset.
+  const auto deadline = std::chrono::steady_clock::now() + kLastDrain;
+  while (!retired_.empty() && std::chrono::steady_clock::now() < deadline) {
+    rails_->progress();
+    free_drained();
+  }
+  if (!retired_.empty()) {
+    util::log().info("lane {}: closing with operations of {} closed communicator(s) in flight", id_,
+                     retired_.size());
+  }
   control_.reset();
   rails_.reset();
   retired_.clear();

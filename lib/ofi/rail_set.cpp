@@ -92,7 +92,14 @@ RailSet::RailSet(const RailPlacement& placement, const RailSetShape& shape)
   mr_cache_ = std::make_unique<MrCache>(rail_pointers_, shape.mr_cache_entries);
 }
 
-RailSet::~RailSet() = default;
+// Registrations bound to the endpoints (FI_MR_ENDPOINT) close before them. Others close after
+// them: an operation still in flight on an endpoint (a peer's RMA write landing in a buffer
+// whose communicator closed) must not refer to a closed registration when the endpoint closes;
+// rxm over tcp crashes in fi_close there.
+RailSet::~RailSet() {
+  const bool endpoint_mr = !rails_.empty() && rails_.front()->nic().attributes().endpoint_mr;
+  if (!endpoint_mr) rails_.clear();
+}
 
 std::size_t RailSet::progress() {
   std::size_t handled = 0;

@@ -66,7 +66,8 @@ class RailSet {
   std::size_t data_rails_;
   std::size_t data_cqs_ = 0;  // cqs_[0, data_cqs_) serve data rails, the rest control rails
   unsigned control_skips_left_ = 0;
-  // Declaration order is teardown order, reversed: MR cache, rails (endpoints), CQs.
+  // Declaration order is teardown order, reversed: MR cache, rails (endpoints), CQs; without
+  // FI_MR_ENDPOINT the destructor closes the rails before the MR cache.
   std::vector<std::unique_ptr<CompletionQueue>> cqs_;
   std::vector<std::unique_ptr<Rail>> rails_;
   std::vector<Rail*> rail_pointers_;

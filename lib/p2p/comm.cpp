@@ -170,6 +170,7 @@ Request* Comm::allocate(RequestKind kind) {
   Request& r = *taken;
   r.kind = kind;
   r.in_use = true;
+  r.released = false;
   r.queued = false;
   r.part_count = 0;
   r.ops_outstanding = 0;
@@ -227,7 +228,7 @@ Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
 Status Comm::poll(Request* request, bool& done, std::span<std::size_t> sizes,
                   std::size_t& handled) {
   done = false;
-  if (!requests_.owns(request) || !request->in_use) [[unlikely]] {
+  if (!requests_.owns(request) || !request->in_use || request->released) [[unlikely]] {
     return reject(Status::kInvalid, "test: not a pending request of this communicator");
   }
   std::unique_lock lock(lane_->mutex());
@@ -264,6 +265,10 @@ Status Comm::poll(Request* request, bool& done, std::span<std::size_t> sizes,
       ++stats_.messages;
       stats_.bytes += request->parts[i].delivered;
     }
+  }
+  if (request->ops_outstanding != 0) {
+    request->released = true;  // the provider still holds it: out of the pool for good
+    return status;
   }
   request->in_use = false;
   requests_.give_back(*request);
@@ -320,6 +325,7 @@ void Comm::on_peer_close(std::span<const std::byte> body) {
   }
   peer_ = PeerState::kClosed;
   peer_gone_ = "the peer closed the communicator";
+  peer_complete_below_ = notice.complete_below;
   close_deadline_ =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(core_->config().peer_timeout_ms);
   util::log().debug("comm {} on lane {}: the peer closed; it finished messages below {}", id_,
@@ -343,13 +349,8 @@ void Comm::check_peer() {
   const auto now = std::chrono::steady_clock::now();
   const auto timeout = std::chrono::milliseconds(core_->config().peer_timeout_ms);
   if (peer_ == PeerState::kClosed) {
-    // What the peer had sent before it closed is still on its way; it had that long.
-    if (now > close_deadline_) {
-      fail_all(Status::kPeerError,
-               "the peer closed the communicator and what it had sent did not arrive within "
-               "LOOM_PEER_TIMEOUT_MS (" +
-                   std::to_string(timeout.count()) + " ms)");
-    }
+    // What the notice left pending had that long to finish.
+    if (now > close_deadline_) settle_after_close();
     return;
   }
   if (now - last_heard_ > timeout) {

@@ -88,7 +88,9 @@ class Comm : public mux::CommPort {
 
   // Inline: test() asks it once or twice per call.
   [[nodiscard]] bool finished(const Request& r) const noexcept {
-    if (r.ops_outstanding != 0) return false;
+    // Operations to a peer that is gone may never complete (shm waits for the peer to take
+    // them): a request whose every part is decided is reported anyway (see Request::released).
+    if (r.ops_outstanding != 0 && !(peer_gone() && all_parts_done(r))) return false;
     // The peer must have heard what it waits for: a receive's clear-to-send (its sender cannot
     // finish without it, even when the data already came). A send's ready-to-send is part of
     // its parts' done state (SendCommImpl::update_done).
@@ -102,6 +104,11 @@ class Comm : public mux::CommPort {
   Status send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body);
   // A batch of `what` its encoder refused: kError with last_error_ set (logged once).
   [[gnu::cold]] Status refuse_batch(const char* what);
+  [[nodiscard]] static bool all_parts_done(const Request& r) noexcept {
+    for (std::size_t i = 0; i < r.part_count; ++i)
+      if (!r.parts[i].done) return false;
+    return true;
+  }
   // Every request not finished yet fails with `status`/`text`; posted receives are cancelled.
   // A request whose parts all finished keeps its outcome: it was delivered.
   void fail_all(Status status, const std::string& text);
@@ -116,6 +123,8 @@ class Comm : public mux::CommPort {
   [[nodiscard]] virtual std::uint32_t complete_below() const noexcept = 0;
   // Fails the pending parts the closed peer will never finish (sequence >= `complete_below`).
   virtual void fail_unfinished(std::uint32_t complete_below, const std::string& why) = 0;
+  // LOOM_PEER_TIMEOUT_MS after the peer's close notice: settles what is still pending.
+  virtual void settle_after_close() = 0;
   // One test() pass; `handled` counts the completions it processed.
   Status poll(Request* request, bool& done, std::span<std::size_t> sizes, std::size_t& handled);
   // Pings and pongs: true when `header` was one (and consumed). Anything from the peer is a
@@ -163,6 +172,7 @@ class Comm : public mux::CommPort {
   PeerState peer_ = PeerState::kConnected;
   std::string peer_gone_;                                 // why, once peer_ is not kConnected
   std::chrono::steady_clock::time_point close_deadline_;  // kClosed: the rest must arrive by then
+  std::uint32_t peer_complete_below_ = 0;                 // kClosed: what its notice said
   std::chrono::steady_clock::time_point last_heard_;
   std::chrono::steady_clock::time_point next_ping_;
   unsigned liveness_polls_ = 0;

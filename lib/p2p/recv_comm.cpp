@@ -270,6 +270,13 @@ void RecvCommImpl::fail_unfinished(std::uint32_t complete_below, const std::stri
   }
 }
 
+void RecvCommImpl::settle_after_close() {
+  fail_all(Status::kPeerError,
+           "the peer closed the communicator and what it had sent did not arrive within "
+           "LOOM_PEER_TIMEOUT_MS (" +
+               std::to_string(core_->config().peer_timeout_ms) + " ms)");
+}
+
 void RecvCommImpl::finish_rendezvous(Part& part) {
   if (part.done || !part.rendezvous || part.recv_outstanding) return;
   if (part.status == Status::kOk && part.writes_seen < part.writes_expected) return;

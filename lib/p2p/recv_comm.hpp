@@ -36,6 +36,7 @@ class RecvCommImpl final : public Comm {
   void cancel(Request& request) override;
   [[nodiscard]] std::uint32_t complete_below() const noexcept override;
   void fail_unfinished(std::uint32_t complete_below, const std::string& why) override;
+  void settle_after_close() override;
   void flush_control() override;
   // Posts the eager receives not posted yet, lowest sequence first, until the provider pushes
   // back.

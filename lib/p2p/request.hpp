@@ -59,6 +59,9 @@ struct Request final : ofi::CompletionHandler {
   Comm* comm = nullptr;
   RequestKind kind = RequestKind::kSend;
   bool in_use = false;
+  // Reported to the user while the provider still held operations of it (the peer is gone and
+  // they may never complete): the handle is dead, the record stays out of the pool.
+  bool released = false;
   bool queued = false;  // waiting in the communicator's retry list
   std::uint8_t part_count = 0;
   std::uint8_t ops_outstanding = 0;

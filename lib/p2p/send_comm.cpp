@@ -286,12 +286,35 @@ void SendCommImpl::fail_unfinished(std::uint32_t complete_below, const std::stri
   }
 }
 
+// The receiver said it had these messages: they are delivered, whether or not the provider
+// ever hands back their sends (shm needs the peer's progress for that).
+void SendCommImpl::settle_after_close() {
+  for (Request& r : requests_.built()) {
+    Part& part = r.parts[0];
+    if (!r.in_use || r.kind != RequestKind::kSend || part.done) continue;
+    part.done = true;
+    if (r.status == Status::kOk) part.delivered = part.size;
+  }
+}
+
+// Sends are never cancelled by loom: a provider that cancels one (rxm, when the connection to
+// a peer that died or closed goes down) says the peer is gone.
+void SendCommImpl::fail_send(Request& r, const ofi::Completion& completion) {
+  const std::string text(completion.error_text);
+  if (completion.status == Status::kCancelled) {
+    r.fail(Status::kPeerError,
+           "isend: the provider cancelled the send: the connection to the peer "
+           "is gone" +
+               (text.empty() ? "" : " (" + text + ")"));
+  } else {
+    r.fail(Status::kError, "isend: " + text);
+  }
+}
+
 void SendCommImpl::on_op(Request& r, std::size_t, const ofi::Completion& completion) {
   --r.ops_outstanding;
-  if (completion.status != Status::kOk) {
-    r.fail(completion.status == Status::kCancelled ? Status::kCancelled : Status::kError,
-           "isend: " + std::string(completion.error_text));
-  }
+  if (completion.status != Status::kOk) [[unlikely]]
+    fail_send(r, completion);
   if (r.eager) {
     r.local_done = true;
   } else {

@@ -34,10 +34,12 @@ class SendCommImpl final : public Comm {
   void cancel(Request&) override {}  // sends are not cancelled: they complete or fail
   [[nodiscard]] std::uint32_t complete_below() const noexcept override;
   void fail_unfinished(std::uint32_t complete_below, const std::string& why) override;
+  void settle_after_close() override;
   void flush_control() override;
   void match(Request& request);
   void post_stripes(Request& request);
   void update_done(Request& request);
+  [[gnu::cold]] void fail_send(Request& request, const ofi::Completion& completion);
   [[nodiscard]] std::uint8_t stripe_count(std::size_t size) const noexcept;
 
   std::uint32_t next_seq_ = 0;
