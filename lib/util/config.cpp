@@ -163,7 +163,8 @@ constexpr Row kTable[] = {
     "rails"},
    Number<&Config::min_stripe, 4096, kMaxBytes>::set,
    Number<&Config::min_stripe, 4096, kMaxBytes>::check},
-  {{"LOOM_MR_CACHE_ENTRIES", "1024", "registrations kept per lane by the MR cache (LRU)"},
+  {{"LOOM_MR_CACHE_ENTRIES", "1024", "registrations in use per lane above which the MR cache "
+    "says so (debug); a registration is released with its last user, never kept unused"},
    Number<&Config::mr_cache_entries, 1, 1u << 20>::set,
    Number<&Config::mr_cache_entries, 1, 1u << 20>::check},
   {{"LOOM_LOG_LEVEL", "warn", "trace, debug, info, warn, error or off"},

@@ -1,0 +1,91 @@
+// Edges of what the provider gives: registrations whose memory is replaced, the provider's
+// message size limit. One process, a communicator pair connected to itself.
+#include <cstring>
+
+#include <catch2/catch.hpp>
+#include <sys/mman.h>
+
+#include "support/p2p_pair.hpp"
+
+namespace loom::test {
+namespace {
+
+struct Totals {
+  std::size_t registrations = 0;  // fid_mr objects held by every lane
+  std::uint64_t misses = 0;       // registrations made
+  std::uint64_t hits = 0;         // registrations shared
+};
+
+Totals totals(const Context& context) {
+  Totals t;
+  for (const LaneDescription& lane : context.stats().lanes) {
+    t.registrations += lane.registrations;
+    t.misses += lane.mr_cache_misses;
+    t.hits += lane.mr_cache_hits;
+  }
+  return t;
+}
+
+// Anonymous pages at `hint` (MAP_FIXED when given), filled with `seed`'s pattern.
+std::span<std::byte> map_pages(void* hint, std::size_t size, std::uint64_t seed) {
+  void* pages = mmap(hint, size, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | (hint != nullptr ? MAP_FIXED : 0), -1, 0);
+  require(pages != MAP_FAILED, std::string("mmap: ") + std::strerror(errno));
+  std::span<std::byte> bytes{static_cast<std::byte*>(pages), size};
+  fill_pattern(bytes, seed);
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("p2p registration: memory mapped again at a deregistered address is registered anew",
+          "[local]") {
+  Context context(test_config(1));
+  Listener listener = context.listen();
+  Connector connector = context.connect(listener.handle());
+  auto [out, in] = connect_both(connector, listener, "connect to self");
+  // Above the eager limit: the receive buffer is the target of an RMA write through its key.
+  const std::size_t size = std::size_t{1} << 20;
+
+  std::span<std::byte> source = map_pages(nullptr, size, 1);
+  std::span<std::byte> target = map_pages(nullptr, size, 2);
+  const Totals empty = totals(context);
+  out->deregister(out->register_memory(source.data(), size));
+  in->deregister(in->register_memory(target.data(), size));
+  // Nothing registered is left behind once its last user deregistered.
+  CHECK(totals(context).registrations == empty.registrations);
+
+  // Freed and mapped again at the same addresses with other contents: on RDMA NICs a
+  // registration kept from before would still pin the old pages.
+  REQUIRE(munmap(source.data(), size) == 0);
+  REQUIRE(munmap(target.data(), size) == 0);
+  source = map_pages(source.data(), size, 3);
+  target = map_pages(target.data(), size, 4);
+  const Totals before = totals(context);
+  MemoryRegion source_region = out->register_memory(source.data(), size);
+  MemoryRegion target_region = in->register_memory(target.data(), size);
+  const Totals after = totals(context);
+  CHECK(after.misses == before.misses + 2);  // two new registrations
+  CHECK(after.hits == before.hits);          // not the ones made before the unmap
+
+  RecvBuffer buffer{target.data(), size, 9, target_region};
+  Request* receive = nullptr;
+  Request* send = nullptr;
+  REQUIRE(in->irecv({&buffer, 1}, receive) == Status::kOk);
+  REQUIRE(out->isend(source.data(), size, 9, source_region, send) == Status::kOk);
+  finish(*out, send);
+  CHECK(finish(*in, receive) == size);
+  CHECK(check_pattern(target, 3).empty());  // the new bytes, into the new pages
+
+  // Concurrent users of the same pages still share one registration.
+  MemoryRegion shared = out->register_memory(source.data() + 100, size - 200);
+  CHECK(totals(context).hits == after.hits + 1);
+  out->deregister(shared);
+  out->deregister(source_region);
+  in->deregister(target_region);
+  CHECK(totals(context).registrations == empty.registrations);
+  munmap(source.data(), size);
+  munmap(target.data(), size);
+}
+
+}  // namespace loom::test
