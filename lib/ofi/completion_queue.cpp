@@ -44,8 +44,11 @@ std::size_t CompletionQueue::progress() {
   }
   if (count < 0) [[unlikely]] {
     ++stats_.errors;
-    util::log().error("fi_cq_read on {} [{}]: {}", nic_->attributes().domain,
-                      nic_->attributes().provider, fi_error_text(count));
+    // Read again at every poll: a CQ that stays broken must not flood the log.
+    if (read_errors_.admit()) {
+      util::log().error("fi_cq_read on {} [{}]: {}{}", nic_->attributes().domain,
+                        nic_->attributes().provider, fi_error_text(count), read_errors_.suffix());
+    }
     return 0;
   }
   stats_.completions += static_cast<std::uint64_t>(count);
@@ -80,7 +83,10 @@ void CompletionQueue::read_error_entry() {
   fi_cq_err_entry error{};
   const long rc = fi_cq_readerr(cq_.get(), &error, 0);
   if (rc < 0) {
-    if (rc != -FI_EAGAIN) util::log().error("fi_cq_readerr: {}", fi_error_text(rc));
+    if (rc != -FI_EAGAIN && read_errors_.admit()) {
+      util::log().error("fi_cq_readerr on {} [{}]: {}{}", nic_->attributes().domain,
+                        nic_->attributes().provider, fi_error_text(rc), read_errors_.suffix());
+    }
     return;
   }
   // Some providers (shm in 1.17) report err negated; the code is the same either way.
@@ -103,7 +109,9 @@ void CompletionQueue::read_error_entry() {
                            std::string(detail != nullptr ? detail : "") + ")";
   const Status status = code == FI_ETRUNC ? Status::kTruncated : Status::kError;
   if (op == nullptr || op->handler == nullptr || credit_owner(op) != nullptr) {
-    util::log().error("error completion without a context: {}", text);
+    if (orphan_errors_.admit()) {
+      util::log().error("error completion without a context: {}{}", text, orphan_errors_.suffix());
+    }
     return;
   }
   if (status == Status::kError) util::log().debug("error completion: {}", text);

@@ -13,6 +13,7 @@
 
 #include "ofi/completion.hpp"
 #include "ofi/fid.hpp"
+#include "ofi/log_limit.hpp"
 
 namespace loom::ofi {
 
@@ -53,6 +54,8 @@ class CompletionQueue {
   std::vector<Rail*> rails_;
   RemoteWriteHandler* remote_writes_ = nullptr;
   CompletionStats stats_;
+  LogLimit read_errors_;    // fi_cq_read / fi_cq_readerr failing
+  LogLimit orphan_errors_;  // error entries with no context to hand them to
 };
 
 }  // namespace loom::ofi

@@ -14,6 +14,7 @@
 #include "ofi/completion.hpp"
 #include "ofi/completion_queue.hpp"
 #include "ofi/fid.hpp"
+#include "ofi/log_limit.hpp"
 
 namespace loom::ofi {
 
@@ -109,7 +110,9 @@ class Rail {
   // rail) into this rail's flush buffer.
   Status flush(const MemoryRegistration& registration, const void* address, std::size_t length,
                OpContext* op);
-  // Asks the provider to cancel a posted receive; it completes with Status::kCancelled.
+  // Asks the provider to cancel a posted receive; it completes with Status::kCancelled. kInvalid
+  // (not logged) when the provider does not hold it: it completed already and its completion is
+  // queued, or it was never posted.
   Status cancel(OpContext* op) noexcept;
 
   // Reads this rail's CQ once (and with it the other rails sharing it); returns completions
@@ -136,6 +139,9 @@ class Rail {
   RailRole role_;
   std::size_t index_;
   RailDepths depths_;
+  // Receives consumed by remote CQ data, for providers in FI_RX_CQ_DATA mode. Before the
+  // endpoint and the CQ: the provider may write into a posted context until both are closed.
+  std::vector<OpContext> rx_cq_data_credits_;
   // Declaration order is teardown order, reversed: flush buffer MR, endpoint, own CQ, AV.
   FidPtr<fid_av> av_;
   std::unique_ptr<CompletionQueue> own_cq_;
@@ -144,10 +150,9 @@ class Rail {
   std::unique_ptr<FlushBuffer> flush_;
   std::vector<std::byte> name_;
   Address self_ = 0;
-  // Receives consumed by remote CQ data, for providers in FI_RX_CQ_DATA mode.
-  std::vector<OpContext> rx_cq_data_credits_;
   RailStats stats_;
   std::string last_error_;
+  LogLimit post_errors_;
 };
 
 }  // namespace loom::ofi

@@ -114,17 +114,20 @@ void set_nics(Config& c, std::string_view, std::string_view value) {
 }
 void check_nothing(const Config&, std::string_view) {}
 
-void set_log_level(Config& c, std::string_view name, std::string_view value) {
-  for (auto level : kLogLevels) {
-    if (value == level) {
-      c.log_level = value;
-      return;
-    }
-  }
-  invalid(name, value, "one of trace, debug, info, warn, error, off");
+bool known_log_level(std::string_view value) {
+  for (auto level : kLogLevels)
+    if (value == level) return true;
+  return false;
 }
+void set_log_level(Config& c, std::string_view name, std::string_view value) {
+  if (!known_log_level(value)) invalid(name, value, "one of trace, debug, info, warn, error, off");
+  c.log_level = value;
+}
+// Reads only: the Config checked may be a const object (Context's default argument).
 void check_log_level(const Config& c, std::string_view name) {
-  set_log_level(const_cast<Config&>(c), name, std::string(c.log_level));  // NOLINT: same value
+  if (!known_log_level(c.log_level)) {
+    invalid(name, c.log_level, "one of trace, debug, info, warn, error, off");
+  }
 }
 
 constexpr std::uint64_t kMaxBytes = 1ull << 40;

@@ -1,5 +1,6 @@
 // Endpoint setup: open, bind, enable, options, names, close. The data path is in
 // endpoint_datapath.cpp.
+#include <algorithm>
 #include <new>
 
 #include "objects.hpp"
@@ -22,7 +23,7 @@ int ep_control(fid* f, int command, void* arg) {
 }
 
 ssize_t ep_cancel(fid_t f, void* context) {
-  return fi_cancel(&endpoint_of(f).inner()->fid, context);
+  return endpoint_of(f).cancel(context);
 }
 
 int ep_getopt(fid_t f, int level, int optname, void* optval, size_t* optlen) {
@@ -218,6 +219,37 @@ int Endpoint::bind(fid* bfid, uint64_t flags) noexcept {
   if (inner == nullptr) return refuse("fi_ep_bind: not an epmr CQ, AV, counter or EQ");
   if (owner != domain_) return refuse("fi_ep_bind: object belongs to another domain");
   return fi_ep_bind(inner_.get(), inner, flags);
+}
+
+int Endpoint::cancel(void* context) noexcept {
+  if (knobs().fail_recv_after != 0) {
+    const std::lock_guard lock(mutex_);
+    if (std::find(refused_.begin(), refused_.end(), context) != refused_.end()) {
+      return refuse("fi_cancel: a receive that was refused, so never posted", -FI_ENOENT);
+    }
+  }
+  return static_cast<int>(fi_cancel(&inner_->fid, context));
+}
+
+int Endpoint::recv_fault(void* context) noexcept {
+  const Knobs& k = knobs();
+  if (k.fail_recv_after == 0) return 0;
+  if (recvs_.fetch_add(1, std::memory_order_relaxed) < k.fail_recv_after) return 0;
+  const std::lock_guard lock(mutex_);
+  if (std::find(refused_.begin(), refused_.end(), context) == refused_.end()) {
+    try {
+      refused_.push_back(context);
+    } catch (const std::bad_alloc&) {
+      return -FI_ENOMEM;
+    }
+  }
+  return refuse("fi_recv: FI_EPMR_FAIL_RECV_AFTER", -FI_EIO);
+}
+
+void Endpoint::recv_posted(void* context) noexcept {
+  if (knobs().fail_recv_after == 0) return;
+  const std::lock_guard lock(mutex_);
+  refused_.erase(std::remove(refused_.begin(), refused_.end(), context), refused_.end());
 }
 
 int Endpoint::control(int command, void* arg) noexcept {

@@ -54,7 +54,10 @@ ssize_t msg_recv(fid_ep* f, void* buf, size_t len, void* desc, fi_addr_t src, vo
   Endpoint& ep = ep_of(f);
   void* inner = nullptr;
   if (!desc_ok(ep, desc, len, false, inner)) return bad_desc("fi_recv");
-  return fi_recv(ep.inner(), buf, len, inner, src, ctx);
+  if (const int fault = ep.recv_fault(ctx); fault != 0) return fault;
+  const ssize_t rc = fi_recv(ep.inner(), buf, len, inner, src, ctx);
+  if (rc == 0) ep.recv_posted(ctx);
+  return rc;
 }
 
 ssize_t msg_recvv(fid_ep* f, const iovec* iov, void** desc, size_t count, fi_addr_t src,

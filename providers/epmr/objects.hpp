@@ -82,6 +82,13 @@ class Endpoint {
   int close() noexcept;
   int bind(fid* bfid, uint64_t flags) noexcept;
   int control(int command, void* arg) noexcept;
+  int cancel(void* context) noexcept;
+
+  // Test knobs (Knobs) on untagged receives: the error to fail this one with, or 0 to post it.
+  // A refused context is remembered until it is posted, so that fi_cancel of it answers
+  // -FI_ENOENT, as providers do for a receive they do not hold.
+  int recv_fault(void* context) noexcept;
+  void recv_posted(void* context) noexcept;
 
  private:
   Endpoint(Domain& domain, void* context) noexcept;
@@ -92,6 +99,8 @@ class Endpoint {
   std::mutex mutex_;
   int bound_mrs_ = 0;     // guarded by mutex_
   bool closing_ = false;  // guarded by mutex_
+  std::atomic<size_t> recvs_{0};
+  std::vector<void*> refused_;  // guarded by mutex_
 };
 
 // Operation tables of the endpoint data path (endpoint_datapath.cpp).

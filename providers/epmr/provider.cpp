@@ -26,11 +26,25 @@ fi_provider g_provider = {
 
 constexpr const char* kVerboseParam = "verbose";
 bool g_verbose = false;
+Knobs g_knobs;
+
+// Registered so that `fi_info -e` documents them; read as FI_EPMR_<name>.
+void read_knobs(fi_provider& prov) {
+  fi_param_define(&prov, "fail_recv_after", FI_PARAM_SIZE_T,
+                  "Test knob: untagged receives after each endpoint's first N fail with "
+                  "-FI_EIO (default: 0, never)");
+  size_t value = 0;
+  if (fi_param_get_size_t(&prov, "fail_recv_after", &value) == 0) g_knobs.fail_recv_after = value;
+}
 
 }  // namespace
 
 fi_provider& provider() {
   return g_provider;
+}
+
+const Knobs& knobs() noexcept {
+  return g_knobs;
 }
 
 int refuse(const char* reason, int code) noexcept {
@@ -66,5 +80,6 @@ extern "C" FI_EXT_INI {
                   "Print to stderr why epmr refused a call (default: no)");
   int verbose = 0;
   if (fi_param_get_bool(&prov, epmr::kVerboseParam, &verbose) == 0) epmr::g_verbose = verbose != 0;
+  epmr::read_knobs(prov);
   return &prov;
 }

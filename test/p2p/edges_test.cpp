@@ -1,11 +1,16 @@
 // Edges of what the provider gives: registrations whose memory is replaced, the provider's
 // message size limit. One process, a communicator pair connected to itself.
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include <catch2/catch.hpp>
+#include <spdlog/sinks/base_sink.h>
 #include <sys/mman.h>
 
 #include "support/p2p_pair.hpp"
+#include "util/log.hpp"
 
 namespace loom::test {
 namespace {
@@ -35,6 +40,44 @@ std::span<std::byte> map_pages(void* hint, std::size_t size, std::uint64_t seed)
   fill_pattern(bytes, seed);
   return bytes;
 }
+
+// Counts what loom logs at warning level and above while it lives.
+class LogCounter {
+ public:
+  LogCounter() : sink_(std::make_shared<Sink>()) {
+    sink_->set_level(spdlog::level::warn);
+    util::log().sinks().push_back(sink_);
+  }
+  ~LogCounter() { util::log().sinks().pop_back(); }
+  LogCounter(const LogCounter&) = delete;
+  LogCounter& operator=(const LogCounter&) = delete;
+  // Lines containing `text`, and the first of them.
+  std::size_t count(const std::string& text) const {
+    std::lock_guard lock(sink_->lock());
+    std::size_t n = 0;
+    for (const auto& line : sink_->lines) n += line.find(text) != std::string::npos;
+    return n;
+  }
+  std::string first(const std::string& text) const {
+    std::lock_guard lock(sink_->lock());
+    for (const auto& line : sink_->lines)
+      if (line.find(text) != std::string::npos) return line;
+    return {};
+  }
+
+ private:
+  struct Sink : spdlog::sinks::base_sink<std::mutex> {
+    std::vector<std::string> lines;
+    std::mutex& lock() { return mutex_; }
+
+   protected:
+    void sink_it_(const spdlog::details::log_msg& msg) override {
+      lines.emplace_back(msg.payload.data(), msg.payload.size());
+    }
+    void flush_() override {}
+  };
+  std::shared_ptr<Sink> sink_;
+};
 
 }  // namespace
 
@@ -86,6 +129,41 @@ TEST_CASE("p2p registration: memory mapped again at a deregistered address is re
   CHECK(totals(context).registrations == empty.registrations);
   munmap(source.data(), size);
   munmap(target.data(), size);
+}
+
+// The meson test sets FI_EPMR_FAIL_RECV_AFTER on epmr: once set up, every control receive that
+// is consumed cannot be reposted (fi_recv fails with -FI_EIO), so its slot waits in the control
+// channel's repost queue and is retried at every poll, and close finds slots that are not posted.
+TEST_CASE("p2p control receives that cannot be reposted: logs bounded, close cancels only posted",
+          "[recv-faults]") {
+  if (std::getenv("FI_EPMR_FAIL_RECV_AFTER") == nullptr) {
+    SUCCEED("needs epmr's FI_EPMR_FAIL_RECV_AFTER");
+    return;
+  }
+  LogCounter log;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    Context context(test_config(1));
+    Listener listener = context.listen();
+    Connector connector = context.connect(listener.handle());
+    auto [out, in] = connect_both(connector, listener, "connect to self");
+    // Rendezvous messages: each takes a clear-to-send, and so a control receive.
+    for (std::uint64_t i = 0; i < 8; ++i) exchange(*out, *in, i, i, 1 << 20);
+    out->close();
+    in->close();
+  }
+  const auto seconds =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now() - start)
+          .count();
+  INFO("first repost failure: " << log.first("fi_recv"));
+  INFO("first cancel error: " << log.first("fi_cancel"));
+  CHECK(log.count("fi_recv") >= 1);  // the knob bit
+  // Per rail, the first failure and then at most one line per second; the control rails here
+  // are the bootstrap's and one per lane.
+  const std::size_t control_rails = 3;
+  CHECK(log.count("fi_recv") <= control_rails * (static_cast<std::size_t>(seconds) + 2));
+  // Slots waiting to be reposted are not cancelled: no fi_cancel failure at close.
+  CHECK(log.count("fi_cancel") == 0);
 }
 
 }  // namespace loom::test
