@@ -34,7 +34,15 @@ Rail* CompletionQueue::credit_owner(const OpContext* op) const noexcept {
   return nullptr;
 }
 
+void CompletionQueue::retry_credits() {
+  credits_waiting_ = false;
+  for (Rail* rail : rails_)
+    if (!rail->retry_credits()) credits_waiting_ = true;
+}
+
 std::size_t CompletionQueue::progress() {
+  if (credits_waiting_) [[unlikely]]
+    retry_credits();
   fi_cq_tagged_entry entries[kBatch];
   const long count = fi_cq_read(cq_.get(), entries, kBatch);
   if (count == -FI_EAGAIN) return 0;
@@ -92,10 +100,11 @@ void CompletionQueue::read_error_entry() {
   // Some providers (shm in 1.17) report err negated; the code is the same either way.
   const int code = std::abs(error.err);
   auto* op = static_cast<OpContext*>(error.op_context);
+  Rail* const credit = credit_owner(op);
   if (code == FI_ECANCELED) {
     // Cancelling a posted receive is routine (every rendezvous message cancels its eager
-    // receive): no text to build.
-    if (op != nullptr && op->handler != nullptr && credit_owner(op) == nullptr) {
+    // receive): no text to build. A cancelled credit is a rail closing: not reposted.
+    if (op != nullptr && op->handler != nullptr && credit == nullptr) {
       op->handler->on_completion(*op, Completion{.status = Status::kCancelled});
     }
     return;
@@ -108,7 +117,16 @@ void CompletionQueue::read_error_entry() {
                            "]: " + fi_strerror(code) + " (" +
                            std::string(detail != nullptr ? detail : "") + ")";
   const Status status = code == FI_ETRUNC ? Status::kTruncated : Status::kError;
-  if (op == nullptr || op->handler == nullptr || credit_owner(op) != nullptr) {
+  if (credit != nullptr) {
+    // Each lost credit leaves one remote write fewer that can complete: post it again.
+    if (credit_errors_.admit()) {
+      util::log().error("receive for remote CQ data failed, posted again: {}{}", text,
+                        credit_errors_.suffix());
+    }
+    credit->repost_credit(op);
+    return;
+  }
+  if (op == nullptr || op->handler == nullptr) {
     if (orphan_errors_.admit()) {
       util::log().error("error completion without a context: {}{}", text, orphan_errors_.suffix());
     }

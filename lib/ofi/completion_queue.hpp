@@ -41,6 +41,8 @@ class CompletionQueue {
   void set_remote_write_handler(RemoteWriteHandler* handler) noexcept { remote_writes_ = handler; }
   // Rails bound to this queue: their FI_RX_CQ_DATA receives are recognised and reposted.
   void attach(Rail& rail) { rails_.push_back(&rail); }
+  // A rail holds FI_RX_CQ_DATA credits the provider refused: the next progress posts them.
+  void credits_waiting() noexcept { credits_waiting_ = true; }
 
   // Reads up to kBatch completions and dispatches them; returns how many were handled.
   std::size_t progress();
@@ -48,6 +50,7 @@ class CompletionQueue {
  private:
   void read_error_entry();
   Rail* credit_owner(const OpContext* op) const noexcept;
+  void retry_credits();
 
   Nic* nic_;
   FidPtr<fid_cq> cq_;
@@ -56,6 +59,8 @@ class CompletionQueue {
   CompletionStats stats_;
   LogLimit read_errors_;    // fi_cq_read / fi_cq_readerr failing
   LogLimit orphan_errors_;  // error entries with no context to hand them to
+  LogLimit credit_errors_;  // FI_RX_CQ_DATA credits completing in error
+  bool credits_waiting_ = false;
 };
 
 }  // namespace loom::ofi

@@ -119,12 +119,16 @@ class Rail {
   // handled.
   std::size_t progress() { return cq_->progress(); }
 
-  // FI_RX_CQ_DATA: whether `op` is one of this rail's posted credits, and posting it again.
+  // FI_RX_CQ_DATA: whether `op` is one of this rail's credits (receives that remote CQ data
+  // consumes), and posting one again once consumed or failed. A credit the provider refuses
+  // (back-pressure or an error) is not lost: it waits, the CQ is told, and its next progress
+  // posts it again through retry_credits() (false while some still wait).
   [[nodiscard]] bool owns_credit(const OpContext* op) const noexcept {
     return !rx_cq_data_credits_.empty() && op >= rx_cq_data_credits_.data() &&
            op < rx_cq_data_credits_.data() + rx_cq_data_credits_.size();
   }
-  void repost_credit(OpContext* op) { recv(nullptr, 0, nullptr, op); }
+  void repost_credit(OpContext* op);
+  bool retry_credits();
 
   [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
   [[nodiscard]] std::span<const std::byte> flush_bytes() const noexcept {
@@ -142,6 +146,7 @@ class Rail {
   // Receives consumed by remote CQ data, for providers in FI_RX_CQ_DATA mode. Before the
   // endpoint and the CQ: the provider may write into a posted context until both are closed.
   std::vector<OpContext> rx_cq_data_credits_;
+  std::vector<OpContext*> credits_waiting_;  // not posted: refused, to be posted again
   // Declaration order is teardown order, reversed: flush buffer MR, endpoint, own CQ, AV.
   FidPtr<fid_av> av_;
   std::unique_ptr<CompletionQueue> own_cq_;

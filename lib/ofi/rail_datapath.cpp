@@ -111,6 +111,22 @@ Status Rail::flush(const MemoryRegistration& registration, const void* address, 
               registration.remote_address(address), registration.key(index_), op);
 }
 
+// Remote writes stall once no credit is posted, so a refused one must come back.
+void Rail::repost_credit(OpContext* op) {
+  if (recv(nullptr, 0, nullptr, op) == Status::kOk) [[likely]]
+    return;
+  credits_waiting_.push_back(op);  // capacity reserved for every credit
+  cq_->credits_waiting();
+}
+
+bool Rail::retry_credits() {
+  while (!credits_waiting_.empty()) {
+    if (recv(nullptr, 0, nullptr, credits_waiting_.back()) != Status::kOk) return false;
+    credits_waiting_.pop_back();
+  }
+  return true;
+}
+
 Status Rail::cancel(OpContext* op) noexcept {
   const long rc = fi_cancel(&endpoint_->fid, op);
   if (rc == 0) [[likely]]

@@ -55,6 +55,11 @@ struct Knobs {
   // FI_EPMR_FAIL_RECV_AFTER: each endpoint's untagged receives (fi_recv) after its first n
   // fail with -FI_EIO: a receive queue that breaks for good once set up. 0 = never.
   size_t fail_recv_after = 0;
+  // FI_EPMR_FAIL_RECV_EVERY: every n-th untagged receive that reposts a context the endpoint
+  // has posted before fails with -FI_EAGAIN (back-pressure). 0 = never.
+  size_t fail_recv_every = 0;
+  // FI_EPMR_RX_CQ_DATA: report FI_RX_CQ_DATA mode and emulate it (rx_cq_data.cpp).
+  bool rx_cq_data = false;
 };
 const Knobs& knobs() noexcept;
 

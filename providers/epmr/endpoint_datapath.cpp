@@ -55,7 +55,10 @@ ssize_t msg_recv(fid_ep* f, void* buf, size_t len, void* desc, fi_addr_t src, vo
   void* inner = nullptr;
   if (!desc_ok(ep, desc, len, false, inner)) return bad_desc("fi_recv");
   if (const int fault = ep.recv_fault(ctx); fault != 0) return fault;
-  const ssize_t rc = fi_recv(ep.inner(), buf, len, inner, src, ctx);
+  // FI_EPMR_RX_CQ_DATA: a zero-length receive is a credit for remote CQ data.
+  const ssize_t rc = len == 0 && ep.credit_cq() != nullptr
+                         ? ep.credit_cq()->add_credit(ep, ctx)
+                         : fi_recv(ep.inner(), buf, len, inner, src, ctx);
   if (rc == 0) ep.recv_posted(ctx);
   return rc;
 }
