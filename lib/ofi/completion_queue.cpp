@@ -13,10 +13,19 @@
 
 namespace loom::ofi {
 
+std::size_t clamp_cq_size(const NicAttributes& nic, std::size_t wanted) {
+  if (nic.max_cq_entries == 0 || wanted <= nic.max_cq_entries) return wanted;
+  util::log().info("completion queue on {} clamped to the device's limit: {} -> {} entries",
+                   nic.domain, wanted, nic.max_cq_entries);
+  return nic.max_cq_entries;
+}
+
 CompletionQueue::CompletionQueue(Nic& nic, std::size_t size) : nic_(&nic) {
   fi_cq_attr attr{};
   attr.format = FI_CQ_FORMAT_TAGGED;
-  attr.size = size;
+  // The sum of the depths of every rail sharing the queue may pass what the device allows
+  // (verbs' max_cqe), and fi_cq_open would then fail the lane.
+  attr.size = clamp_cq_size(nic.attributes(), size);
   attr.wait_obj = FI_WAIT_NONE;
   fid_cq* cq = nullptr;
   if (int rc = fi_cq_open(nic.domain(), &attr, &cq, nullptr); rc != 0) {

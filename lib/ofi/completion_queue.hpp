@@ -18,6 +18,7 @@
 namespace loom::ofi {
 
 class Nic;
+struct NicAttributes;
 class Rail;
 
 struct CompletionStats {
@@ -25,6 +26,9 @@ struct CompletionStats {
   std::uint64_t errors = 0;               // error entries
   std::uint64_t stray_remote_writes = 0;  // remote CQ data with no handler to take it
 };
+
+// `wanted` entries, or the device's max_cq_entries where it is known and smaller (logged).
+[[nodiscard]] std::size_t clamp_cq_size(const NicAttributes& nic, std::size_t wanted);
 
 class CompletionQueue {
  public:

@@ -60,6 +60,9 @@ struct Knobs {
   size_t fail_recv_every = 0;
   // FI_EPMR_RX_CQ_DATA: report FI_RX_CQ_DATA mode and emulate it (rx_cq_data.cpp).
   bool rx_cq_data = false;
+  // FI_EPMR_MAX_MSG_SIZE: report this ep_attr->max_msg_size (when below tcp;ofi_rxm's) and
+  // refuse longer sends, writes and reads with -FI_EINVAL. 0 = tcp;ofi_rxm's.
+  size_t max_msg_size = 0;
 };
 const Knobs& knobs() noexcept;
 

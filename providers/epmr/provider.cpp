@@ -39,7 +39,12 @@ void read_knobs(fi_provider& prov) {
   fi_param_define(&prov, "rx_cq_data", FI_PARAM_BOOL,
                   "Test knob: require FI_RX_CQ_DATA: remote writes with CQ data consume a "
                   "zero-length receive and wait for one (default: no)");
+  fi_param_define(&prov, "max_msg_size", FI_PARAM_SIZE_T,
+                  "Test knob: report this max_msg_size and refuse longer transfers with "
+                  "-FI_EINVAL (default: 0, tcp;ofi_rxm's)");
   size_t value = 0;
+  if (fi_param_get_size_t(&prov, "max_msg_size", &value) == 0) g_knobs.max_msg_size = value;
+  value = 0;
   if (fi_param_get_size_t(&prov, "fail_recv_after", &value) == 0) g_knobs.fail_recv_after = value;
   value = 0;
   if (fi_param_get_size_t(&prov, "fail_recv_every", &value) == 0) g_knobs.fail_recv_every = value;

@@ -6,7 +6,9 @@
 #include <spdlog/sinks/ringbuffer_sink.h>
 
 #include "loom/error.hpp"
+#include "ofi/completion_queue.hpp"
 #include "ofi/memory_registration.hpp"
+#include "ofi/nic.hpp"
 #include "support/rails.hpp"
 #include "support/two_process.hpp"
 #include "util/log.hpp"
@@ -126,6 +128,14 @@ TEST_CASE("teardown: the provider refuses an endpoint closed before its MRs", "[
                });
   INFO(failure);
   REQUIRE(failure.empty());
+}
+
+TEST_CASE("completion queue sizes are clamped to the device's limit where it is known", "[local]") {
+  ofi::NicAttributes nic{.domain = "mlx5_0", .max_cq_entries = 4096};
+  CHECK(ofi::clamp_cq_size(nic, 64 * 1024) == 4096);  // e.g. 4 rails' depths on one NIC
+  CHECK(ofi::clamp_cq_size(nic, 1000) == 1000);
+  nic.max_cq_entries = 0;  // not known: as asked
+  CHECK(ofi::clamp_cq_size(nic, 64 * 1024) == 64 * 1024);
 }
 
 TEST_CASE("bad input: registrations and rail counts", "[local]") {

@@ -166,4 +166,43 @@ TEST_CASE("p2p control receives that cannot be reposted: logs bounded, close can
   CHECK(log.count("fi_cancel") == 0);
 }
 
+// The meson test sets FI_EPMR_MAX_MSG_SIZE on epmr: it reports that max_msg_size and refuses
+// any send, write or read longer than it. A message that arrives whole over one data rail was
+// therefore sent in pieces no longer than the limit.
+TEST_CASE("p2p messages beyond the provider's max_msg_size are striped or refused clearly",
+          "[max-msg]") {
+  const char* knob = std::getenv("FI_EPMR_MAX_MSG_SIZE");
+  if (knob == nullptr) {
+    SUCCEED("needs epmr's FI_EPMR_MAX_MSG_SIZE");
+    return;
+  }
+  const std::size_t max_msg = std::stoull(knob);
+  Config config = test_config(1);
+  config.eager_max = 2 * max_msg;  // above the provider's limit: the limit wins
+  Context context(config);
+  Listener listener = context.listen();
+  Connector connector = context.connect(listener.handle());
+  auto [out, in] = connect_both(connector, listener, "connect to self");
+
+  // Eager-sized but over the limit; three times the limit; the most 8 stripes carry.
+  for (std::size_t size : {max_msg + 1000, 3 * max_msg, 8 * max_msg}) {
+    INFO("message of " << size << " bytes, max_msg_size " << max_msg);
+    exchange(*out, *in, size, size, size);
+  }
+  CHECK(out->stats().eager == 0);
+
+  std::vector<std::byte> buffer(8 * max_msg + 8);
+  MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
+  Request* request = nullptr;
+  CHECK(out->isend(buffer.data(), buffer.size(), 1, region, request) == Status::kInvalid);
+  CHECK(request == nullptr);
+  CHECK_THAT(out->last_error(), Catch::Contains(std::to_string(buffer.size()) + " bytes") &&
+                                    Catch::Contains("max_msg_size") &&
+                                    Catch::Contains(std::to_string(max_msg)) &&
+                                    Catch::Contains("epmr"));
+  out->deregister(region);
+  // The communicator goes on.
+  exchange(*out, *in, 11, 11, 3 * max_msg);
+}
+
 }  // namespace loom::test
