@@ -90,9 +90,17 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   // Registers host (or, with a CUDA build, device) memory for this communicator's endpoints.
-  // Cached: registering the same pages again is cheap. Throws loom::Error.
+  // Registrations of the same pages in use at once (on this or another communicator of the
+  // lane) share one provider registration; the last deregister releases it at once, so
+  // registering again later registers anew. Throws loom::Error.
+  // The memory must stay allocated until it is deregistered: on RDMA NICs (verbs, EFA, CXI) a
+  // registration pins the physical pages it was made on, so a region whose memory is freed (or
+  // unmapped and mapped again) while registered keeps naming the old pages, and transfers
+  // through it read or write those instead of what is now at the address.
   MemoryRegion register_memory(const void* data, std::size_t size,
                                MemoryType type = MemoryType::kHost, int device = 0);
+  // Releases the region (and the provider registration with its last user). Deregister before
+  // freeing the memory, and only once no request using the region is pending.
   void deregister(MemoryRegion region);
 
   // Makes progress; `done` turns true once the request finished, and the request is released

@@ -84,8 +84,11 @@ ControlChannel::ControlChannel(std::span<ofi::Rail* const> rails, ControlSink& s
 
 // Posted receives point into rx_slab_: cancel them so no completion can name a slot after this.
 // The endpoints close right after (the owner's declaration order), which drops them for good.
+// Slots waiting in reposts_ are not posted: there is nothing to cancel.
 ControlChannel::~ControlChannel() {
-  for (Slot& slot : rx_slots_) rails_[slot.rail]->cancel(&slot.op);
+  for (Slot& slot : rx_slots_) {
+    if (slot.posted) static_cast<void>(rails_[slot.rail]->cancel(&slot.op));
+  }
 }
 
 std::byte* ControlChannel::rx_buffer(const Slot& slot) noexcept {
@@ -98,8 +101,10 @@ std::byte* ControlChannel::tx_buffer(const Slot& slot) noexcept {
 
 Status ControlChannel::post_receive(Slot& slot) {
   ofi::Rail& rail = *rails_[slot.rail];
-  return rail.recv(rx_buffer(slot), kMaxControlMessage, rx_registration_->desc(rail.index()),
-                   &slot.op);
+  const Status status = rail.recv(rx_buffer(slot), kMaxControlMessage,
+                                  rx_registration_->desc(rail.index()), &slot.op);
+  slot.posted = status == Status::kOk;
+  return status;
 }
 
 Status ControlChannel::send(std::size_t rail_index, ofi::Address peer, std::uint8_t type,
@@ -146,6 +151,7 @@ void ControlChannel::on_completion(ofi::OpContext& op, const ofi::Completion& co
     free_tx_.push_back(slot.index);
     return;
   }
+  slot.posted = false;
   if (completion.status == Status::kCancelled) return;  // closing
   if (completion.status == Status::kOk) {
     std::span<const std::byte> message{rx_buffer(slot), completion.length};
@@ -161,8 +167,11 @@ void ControlChannel::on_completion(ofi::OpContext& op, const ofi::Completion& co
     }
   } else {
     ++stats_.invalid;
-    util::log().warn("control receive on {} failed: {}", rails_[slot.rail]->describe(),
-                     completion.error_text);
+    // Reposted at once: a receive queue that keeps failing would log at every poll.
+    if (receive_errors_.admit()) {
+      util::log().warn("control receive on {} failed: {}{}", rails_[slot.rail]->describe(),
+                       completion.error_text, receive_errors_.suffix());
+    }
   }
   if (post_receive(slot) != Status::kOk) reposts_.push_back(slot.index);
 }

@@ -14,6 +14,7 @@
 #include "loom/error.hpp"
 #include "mux/routing.hpp"
 #include "ofi/completion.hpp"
+#include "ofi/log_limit.hpp"
 #include "ofi/rail.hpp"
 
 namespace loom::ofi {
@@ -83,6 +84,7 @@ class ControlChannel final : ofi::CompletionHandler {
   struct Slot {
     ofi::OpContext op;  // first: the completion hands back &op
     bool receive;
+    bool posted = false;  // receives: held by the provider (not waiting in reposts_)
     std::uint32_t rail;
     std::uint32_t index;
   };
@@ -105,6 +107,7 @@ class ControlChannel final : ofi::CompletionHandler {
   std::unique_ptr<ofi::MemoryRegistration> rx_registration_;
   std::unique_ptr<ofi::MemoryRegistration> tx_registration_;
   ControlStats stats_;
+  ofi::LogLimit receive_errors_;  // failed receive completions, reposted and failing again
 };
 
 }  // namespace loom::mux

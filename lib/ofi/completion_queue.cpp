@@ -13,10 +13,19 @@
 
 namespace loom::ofi {
 
+std::size_t clamp_cq_size(const NicAttributes& nic, std::size_t wanted) {
+  if (nic.max_cq_entries == 0 || wanted <= nic.max_cq_entries) return wanted;
+  util::log().info("completion queue on {} clamped to the device's limit: {} -> {} entries",
+                   nic.domain, wanted, nic.max_cq_entries);
+  return nic.max_cq_entries;
+}
+
 CompletionQueue::CompletionQueue(Nic& nic, std::size_t size) : nic_(&nic) {
   fi_cq_attr attr{};
   attr.format = FI_CQ_FORMAT_TAGGED;
-  attr.size = size;
+  // The sum of the depths of every rail sharing the queue may pass what the device allows
+  // (verbs' max_cqe), and fi_cq_open would then fail the lane.
+  attr.size = clamp_cq_size(nic.attributes(), size);
   attr.wait_obj = FI_WAIT_NONE;
   fid_cq* cq = nullptr;
   if (int rc = fi_cq_open(nic.domain(), &attr, &cq, nullptr); rc != 0) {
@@ -34,7 +43,15 @@ Rail* CompletionQueue::credit_owner(const OpContext* op) const noexcept {
   return nullptr;
 }
 
+void CompletionQueue::retry_credits() {
+  credits_waiting_ = false;
+  for (Rail* rail : rails_)
+    if (!rail->retry_credits()) credits_waiting_ = true;
+}
+
 std::size_t CompletionQueue::progress() {
+  if (credits_waiting_) [[unlikely]]
+    retry_credits();
   fi_cq_tagged_entry entries[kBatch];
   const long count = fi_cq_read(cq_.get(), entries, kBatch);
   if (count == -FI_EAGAIN) return 0;
@@ -44,8 +61,11 @@ std::size_t CompletionQueue::progress() {
   }
   if (count < 0) [[unlikely]] {
     ++stats_.errors;
-    util::log().error("fi_cq_read on {} [{}]: {}", nic_->attributes().domain,
-                      nic_->attributes().provider, fi_error_text(count));
+    // Read again at every poll: a CQ that stays broken must not flood the log.
+    if (read_errors_.admit()) {
+      util::log().error("fi_cq_read on {} [{}]: {}{}", nic_->attributes().domain,
+                        nic_->attributes().provider, fi_error_text(count), read_errors_.suffix());
+    }
     return 0;
   }
   stats_.completions += static_cast<std::uint64_t>(count);
@@ -80,16 +100,20 @@ void CompletionQueue::read_error_entry() {
   fi_cq_err_entry error{};
   const long rc = fi_cq_readerr(cq_.get(), &error, 0);
   if (rc < 0) {
-    if (rc != -FI_EAGAIN) util::log().error("fi_cq_readerr: {}", fi_error_text(rc));
+    if (rc != -FI_EAGAIN && read_errors_.admit()) {
+      util::log().error("fi_cq_readerr on {} [{}]: {}{}", nic_->attributes().domain,
+                        nic_->attributes().provider, fi_error_text(rc), read_errors_.suffix());
+    }
     return;
   }
   // Some providers (shm in 1.17) report err negated; the code is the same either way.
   const int code = std::abs(error.err);
   auto* op = static_cast<OpContext*>(error.op_context);
+  Rail* const credit = credit_owner(op);
   if (code == FI_ECANCELED) {
     // Cancelling a posted receive is routine (every rendezvous message cancels its eager
-    // receive): no text to build.
-    if (op != nullptr && op->handler != nullptr && credit_owner(op) == nullptr) {
+    // receive): no text to build. A cancelled credit is a rail closing: not reposted.
+    if (op != nullptr && op->handler != nullptr && credit == nullptr) {
       op->handler->on_completion(*op, Completion{.status = Status::kCancelled});
     }
     return;
@@ -102,8 +126,19 @@ void CompletionQueue::read_error_entry() {
                            "]: " + fi_strerror(code) + " (" +
                            std::string(detail != nullptr ? detail : "") + ")";
   const Status status = code == FI_ETRUNC ? Status::kTruncated : Status::kError;
-  if (op == nullptr || op->handler == nullptr || credit_owner(op) != nullptr) {
-    util::log().error("error completion without a context: {}", text);
+  if (credit != nullptr) {
+    // Each lost credit leaves one remote write fewer that can complete: post it again.
+    if (credit_errors_.admit()) {
+      util::log().error("receive for remote CQ data failed, posted again: {}{}", text,
+                        credit_errors_.suffix());
+    }
+    credit->repost_credit(op);
+    return;
+  }
+  if (op == nullptr || op->handler == nullptr) {
+    if (orphan_errors_.admit()) {
+      util::log().error("error completion without a context: {}{}", text, orphan_errors_.suffix());
+    }
     return;
   }
   if (status == Status::kError) util::log().debug("error completion: {}", text);

@@ -13,10 +13,12 @@
 
 #include "ofi/completion.hpp"
 #include "ofi/fid.hpp"
+#include "ofi/log_limit.hpp"
 
 namespace loom::ofi {
 
 class Nic;
+struct NicAttributes;
 class Rail;
 
 struct CompletionStats {
@@ -24,6 +26,9 @@ struct CompletionStats {
   std::uint64_t errors = 0;               // error entries
   std::uint64_t stray_remote_writes = 0;  // remote CQ data with no handler to take it
 };
+
+// `wanted` entries, or the device's max_cq_entries where it is known and smaller (logged).
+[[nodiscard]] std::size_t clamp_cq_size(const NicAttributes& nic, std::size_t wanted);
 
 class CompletionQueue {
  public:
@@ -40,6 +45,8 @@ class CompletionQueue {
   void set_remote_write_handler(RemoteWriteHandler* handler) noexcept { remote_writes_ = handler; }
   // Rails bound to this queue: their FI_RX_CQ_DATA receives are recognised and reposted.
   void attach(Rail& rail) { rails_.push_back(&rail); }
+  // A rail holds FI_RX_CQ_DATA credits the provider refused: the next progress posts them.
+  void credits_waiting() noexcept { credits_waiting_ = true; }
 
   // Reads up to kBatch completions and dispatches them; returns how many were handled.
   std::size_t progress();
@@ -47,12 +54,17 @@ class CompletionQueue {
  private:
   void read_error_entry();
   Rail* credit_owner(const OpContext* op) const noexcept;
+  void retry_credits();
 
   Nic* nic_;
   FidPtr<fid_cq> cq_;
   std::vector<Rail*> rails_;
   RemoteWriteHandler* remote_writes_ = nullptr;
   CompletionStats stats_;
+  LogLimit read_errors_;    // fi_cq_read / fi_cq_readerr failing
+  LogLimit orphan_errors_;  // error entries with no context to hand them to
+  LogLimit credit_errors_;  // FI_RX_CQ_DATA credits completing in error
+  bool credits_waiting_ = false;
 };
 
 }  // namespace loom::ofi

@@ -1,3 +1,14 @@
+// Why nothing is kept once its last user lets go: a registration names pages, not addresses.
+// On verbs, EFA and CXI it pins the physical pages behind the range when it is made; if the
+// application frees the buffer and a later allocation lands on the same virtual range, an entry
+// kept for that range would hand out the old registration, and the NIC would read or write the
+// old (still pinned) pages: silent corruption that tcp and shm, which go by virtual address,
+// never show. Keeping unreferenced registrations safely needs a memory monitor that invalidates
+// them on munmap/free (what libfabric's FI_MR_CACHE_MONITOR does). The providers where
+// registration is costly (efa, verbs, cxi) already keep such a monitored cache per domain
+// below us, so a second, unmonitored one here would buy little and risk everything. What stays
+// is sharing: concurrent users of the same pages (comms on one lane, neighbouring buffers) hold
+// one registration, which also bounds the fid_mr count under FI_MR_ENDPOINT.
 #include "ofi/mr_cache.hpp"
 
 #include <unistd.h>
@@ -6,9 +17,9 @@
 
 namespace loom::ofi {
 
-MrCache::MrCache(std::span<Rail* const> rails, std::size_t max_entries)
+MrCache::MrCache(std::span<Rail* const> rails, std::size_t soft_bound)
     : rails_(rails.begin(), rails.end()),
-      max_entries_(max_entries),
+      soft_bound_(soft_bound),
       page_size_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))) {}
 
 // Entries (and their fid_mr objects) go before the rails they are bound to: the rail set
@@ -31,13 +42,10 @@ MemoryRegistration& MrCache::acquire(const void* pointer, std::size_t length, Me
   }
   Key key{type, device, start, end};
   if (auto it = entries_.find(key); it != entries_.end()) {
-    Entry& entry = *it->second;
-    if (entry.references++ == 0) {
-      unused_.erase(entry.unused_position);
-      ++stats_.in_use;
-    }
+    // In use by someone else right now, so the memory is still allocated: safe to share.
+    ++it->second.references;
     ++stats_.hits;
-    return *entry.registration;
+    return *it->second.registration;
   }
   ++stats_.misses;
   // Registers the caller's exact range when it is invalid, so the error names it.
@@ -46,50 +54,33 @@ MemoryRegistration& MrCache::acquire(const void* pointer, std::size_t length, Me
           ? std::make_unique<MemoryRegistration>(rails_, pointer, length, type, device)
           : std::make_unique<MemoryRegistration>(rails_, reinterpret_cast<const void*>(start),
                                                  end - start, type, device);
-  auto entry = std::make_unique<Entry>();
-  entry->registration = std::move(registration);
-  entry->references = 1;
-  MemoryRegistration& result = *entry->registration;
+  MemoryRegistration& result = *registration;
   stats_.registrations += result.registrations();
   stats_.bytes += result.length();
   ++stats_.entries;
   ++stats_.in_use;
-  entries_.emplace(key, std::move(entry));
-  evict_over_bound();
+  entries_.emplace(key, Entry{.registration = std::move(registration), .references = 1});
+  if (entries_.size() > soft_bound_) {
+    util::log().debug("MR cache holds {} registrations in use (LOOM_MR_CACHE_ENTRIES {})",
+                      entries_.size(), soft_bound_);
+  }
   return result;
 }
 
 void MrCache::release(MemoryRegistration& registration) {
   auto it = entries_.find(key_of(registration));
-  if (it == entries_.end() || it->second->registration.get() != &registration ||
-      it->second->references == 0) {
+  if (it == entries_.end() || it->second.registration.get() != &registration ||
+      it->second.references == 0) {
     util::log().error("MR cache: release of a registration it does not hold ({} bytes at {})",
                       registration.length(), registration.base());
     return;
   }
-  Entry& entry = *it->second;
-  if (--entry.references == 0) {
-    --stats_.in_use;
-    unused_.push_front(&entry);
-    entry.unused_position = unused_.begin();
-    evict_over_bound();
-  }
-}
-
-void MrCache::evict_over_bound() {
-  while (entries_.size() > max_entries_ && !unused_.empty()) {
-    Entry* victim = unused_.back();
-    unused_.pop_back();
-    stats_.registrations -= victim->registration->registrations();
-    stats_.bytes -= victim->registration->length();
-    --stats_.entries;
-    ++stats_.evictions;
-    entries_.erase(key_of(*victim->registration));
-  }
-  if (entries_.size() > max_entries_) {
-    util::log().debug("MR cache over its bound ({} > {}): every entry is in use", entries_.size(),
-                      max_entries_);
-  }
+  if (--it->second.references != 0) return;
+  stats_.registrations -= registration.registrations();
+  stats_.bytes -= registration.length();
+  --stats_.entries;
+  --stats_.in_use;
+  entries_.erase(it);
 }
 
 }  // namespace loom::ofi

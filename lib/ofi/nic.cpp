@@ -94,6 +94,7 @@ Nic::Nic(InfoPtr info)
   if (profile_->device_limits != nullptr) {
     if (auto limits = profile_->device_limits(attributes_.domain)) {
       if (limits->max_endpoints != 0) attributes_.max_endpoints = limits->max_endpoints;
+      attributes_.max_cq_entries = limits->max_cq_entries;
       if (limits->max_queue_depth != 0) {
         attributes_.max_tx_depth = std::min(attributes_.max_tx_depth, limits->max_queue_depth);
         attributes_.max_rx_depth = std::min(attributes_.max_rx_depth, limits->max_queue_depth);

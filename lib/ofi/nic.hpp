@@ -39,6 +39,7 @@ struct NicAttributes {
   std::size_t max_tx_depth = 0;
   std::size_t max_rx_depth = 0;
   std::size_t max_endpoints = 0;
+  std::size_t max_cq_entries = 0;  // from the device where its profile reads it; 0: unknown
   std::size_t mr_key_size = 0;
 };
 

@@ -1,6 +1,8 @@
 // Rail setup and teardown. The data path is in rail_datapath.cpp.
 #include "ofi/rail.hpp"
 
+#include <algorithm>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -87,7 +89,14 @@ Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, Comple
 
 Rail::~Rail() {
   // Posted receives hold contexts owned by this rail; cancel them before the endpoint closes.
-  for (auto& credit : rx_cq_data_credits_) fi_cancel(&endpoint_->fid, &credit);
+  // cancel() logs a failure; one the provider no longer holds has completed already. Credits
+  // waiting to be posted again are not posted: nothing to cancel.
+  for (auto& credit : rx_cq_data_credits_) {
+    if (std::find(credits_waiting_.begin(), credits_waiting_.end(), &credit) ==
+        credits_waiting_.end()) {
+      static_cast<void>(cancel(&credit));
+    }
+  }
 }
 
 std::string Rail::describe(bool with_provider) const {
@@ -116,9 +125,14 @@ void Rail::remove_peer(Address peer) noexcept {
 
 void Rail::post_rx_cq_data_credits() {
   rx_cq_data_credits_.resize(kRxCqDataCredits);
+  credits_waiting_.reserve(kRxCqDataCredits);  // repost_credit() never allocates
   for (auto& credit : rx_cq_data_credits_) {
-    if (Status s = recv(nullptr, 0, nullptr, &credit); s != Status::kOk) {
-      throw Error("open " + describe(false), nic_->attributes().provider, FI_EAGAIN,
+    const Status s = recv(nullptr, 0, nullptr, &credit);
+    if (s == Status::kRetry) {
+      credits_waiting_.push_back(&credit);
+      cq_->credits_waiting();
+    } else if (s != Status::kOk) {
+      throw Error("open " + describe(false), nic_->attributes().provider, 0,
                   "cannot post receives for FI_RX_CQ_DATA: " + last_error_);
     }
   }

@@ -14,6 +14,7 @@
 #include "ofi/completion.hpp"
 #include "ofi/completion_queue.hpp"
 #include "ofi/fid.hpp"
+#include "ofi/log_limit.hpp"
 
 namespace loom::ofi {
 
@@ -109,19 +110,25 @@ class Rail {
   // rail) into this rail's flush buffer.
   Status flush(const MemoryRegistration& registration, const void* address, std::size_t length,
                OpContext* op);
-  // Asks the provider to cancel a posted receive; it completes with Status::kCancelled.
+  // Asks the provider to cancel a posted receive; it completes with Status::kCancelled. kInvalid
+  // (not logged) when the provider does not hold it: it completed already and its completion is
+  // queued, or it was never posted.
   Status cancel(OpContext* op) noexcept;
 
   // Reads this rail's CQ once (and with it the other rails sharing it); returns completions
   // handled.
   std::size_t progress() { return cq_->progress(); }
 
-  // FI_RX_CQ_DATA: whether `op` is one of this rail's posted credits, and posting it again.
+  // FI_RX_CQ_DATA: whether `op` is one of this rail's credits (receives that remote CQ data
+  // consumes), and posting one again once consumed or failed. A credit the provider refuses
+  // (back-pressure or an error) is not lost: it waits, the CQ is told, and its next progress
+  // posts it again through retry_credits() (false while some still wait).
   [[nodiscard]] bool owns_credit(const OpContext* op) const noexcept {
     return !rx_cq_data_credits_.empty() && op >= rx_cq_data_credits_.data() &&
            op < rx_cq_data_credits_.data() + rx_cq_data_credits_.size();
   }
-  void repost_credit(OpContext* op) { recv(nullptr, 0, nullptr, op); }
+  void repost_credit(OpContext* op);
+  bool retry_credits();
 
   [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
   [[nodiscard]] std::span<const std::byte> flush_bytes() const noexcept {
@@ -136,6 +143,10 @@ class Rail {
   RailRole role_;
   std::size_t index_;
   RailDepths depths_;
+  // Receives consumed by remote CQ data, for providers in FI_RX_CQ_DATA mode. Before the
+  // endpoint and the CQ: the provider may write into a posted context until both are closed.
+  std::vector<OpContext> rx_cq_data_credits_;
+  std::vector<OpContext*> credits_waiting_;  // not posted: refused, to be posted again
   // Declaration order is teardown order, reversed: flush buffer MR, endpoint, own CQ, AV.
   FidPtr<fid_av> av_;
   std::unique_ptr<CompletionQueue> own_cq_;
@@ -144,10 +155,9 @@ class Rail {
   std::unique_ptr<FlushBuffer> flush_;
   std::vector<std::byte> name_;
   Address self_ = 0;
-  // Receives consumed by remote CQ data, for providers in FI_RX_CQ_DATA mode.
-  std::vector<OpContext> rx_cq_data_credits_;
   RailStats stats_;
   std::string last_error_;
+  LogLimit post_errors_;
 };
 
 }  // namespace loom::ofi

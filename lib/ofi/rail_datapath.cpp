@@ -25,7 +25,8 @@ Status Rail::post_failed(const char* call, long rc) {
   if (rc == -FI_EAGAIN || rc == -FI_ENOMEM) return Status::kRetry;
   ++stats_.errors;
   last_error_ = std::string(call) + " on " + describe() + ": " + fi_error_text(rc);
-  util::log().error("{}", last_error_);
+  // A post retried at every poll (a control receive being reposted) may fail every time.
+  if (post_errors_.admit()) util::log().error("{}{}", last_error_, post_errors_.suffix());
   return Status::kError;
 }
 
@@ -110,9 +111,28 @@ Status Rail::flush(const MemoryRegistration& registration, const void* address, 
               registration.remote_address(address), registration.key(index_), op);
 }
 
+// Remote writes stall once no credit is posted, so a refused one must come back.
+void Rail::repost_credit(OpContext* op) {
+  if (recv(nullptr, 0, nullptr, op) == Status::kOk) [[likely]]
+    return;
+  credits_waiting_.push_back(op);  // capacity reserved for every credit
+  cq_->credits_waiting();
+}
+
+bool Rail::retry_credits() {
+  while (!credits_waiting_.empty()) {
+    if (recv(nullptr, 0, nullptr, credits_waiting_.back()) != Status::kOk) return false;
+    credits_waiting_.pop_back();
+  }
+  return true;
+}
+
 Status Rail::cancel(OpContext* op) noexcept {
-  long rc = fi_cancel(&endpoint_->fid, op);
-  return rc == 0 ? Status::kOk : post_failed("fi_cancel", rc);
+  const long rc = fi_cancel(&endpoint_->fid, op);
+  if (rc == 0) [[likely]]
+    return Status::kOk;
+  if (rc == -FI_ENOENT) return Status::kInvalid;
+  return post_failed("fi_cancel", rc);
 }
 
 }  // namespace loom::ofi

@@ -77,6 +77,10 @@ RailSet::RailSet(const RailPlacement& placement, const RailSetShape& shape)
       if (data) ++data_cqs_;
     }
     depths[i] = clamp_depths(*nic, shape.depths);
+    // 0 is "not reported": no limit of the provider's to honour.
+    if (const std::size_t limit = nic->attributes().max_msg_size; data && limit != 0) {
+      max_msg_size_ = std::min(max_msg_size_, limit);
+    }
     cq_sizes[cq_of[i]] += depths[i].tx + depths[i].rx + Rail::kRxCqDataCredits;
   }
   for (std::size_t n = 0; n < cq_nics.size(); ++n) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -50,6 +51,8 @@ class RailSet {
   // All rails, data first; Rail::index() is the position here.
   [[nodiscard]] std::span<Rail* const> rails() const noexcept { return rail_pointers_; }
   [[nodiscard]] MrCache& mr_cache() noexcept { return *mr_cache_; }
+  // The longest single transfer every data rail's provider takes (ep_attr->max_msg_size).
+  [[nodiscard]] std::size_t max_msg_size() const noexcept { return max_msg_size_; }
 
   // Reads the data CQs (one per NIC) once, and the control CQs unless data completions came and
   // the control CQs were empty on one of the last kIdleControlSkips reads; returns completions
@@ -64,6 +67,7 @@ class RailSet {
 
  private:
   std::size_t data_rails_;
+  std::size_t max_msg_size_ = SIZE_MAX;
   std::size_t data_cqs_ = 0;  // cqs_[0, data_cqs_) serve data rails, the rest control rails
   unsigned control_skips_left_ = 0;
   // Declaration order is teardown order, reversed: MR cache, rails (endpoints), CQs; without

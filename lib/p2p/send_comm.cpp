@@ -28,9 +28,15 @@ SendCommImpl::SendCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane)
   batched_.reserve(kMaxBatch);
 }
 
+// No stripe may be longer than the provider's max_msg_size: a message that would need longer
+// ones takes more stripes, up to kMaxSendStripes (isend refuses one that still does not fit).
+// The last stripe takes the remainder, so it is the longest.
 std::uint8_t SendCommImpl::stripe_count(std::size_t size) const noexcept {
   const std::size_t by_size = std::max<std::size_t>(1, size / min_stripe_);
-  return static_cast<std::uint8_t>(std::min({by_size, data_rails_, kMaxSendStripes}));
+  std::size_t stripes = std::min({by_size, data_rails_, kMaxSendStripes});
+  const std::size_t max_msg = lane_->rails().max_msg_size();
+  while (stripes < kMaxSendStripes && size - (stripes - 1) * (size / stripes) > max_msg) ++stripes;
+  return static_cast<std::uint8_t>(stripes);
 }
 
 Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const MemoryRegion& region,
@@ -51,6 +57,14 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
     if (registration == nullptr) [[unlikely]]
       return Status::kInvalid;
   }
+  const std::size_t max_msg = lane_->rails().max_msg_size();
+  if (size > max_msg && size - (kMaxSendStripes - 1) * (size / kMaxSendStripes) > max_msg)
+      [[unlikely]] {
+    return reject(Status::kInvalid, "isend: " + std::to_string(size) + " bytes do not fit in " +
+                                        std::to_string(kMaxSendStripes) + " writes of at most " +
+                                        std::to_string(max_msg) + " bytes (max_msg_size of " +
+                                        core_->provider() + ")");
+  }
   Request* r = allocate(RequestKind::kSend);
   if (r == nullptr) [[unlikely]] {
     return reject(Status::kRetry, "isend: " + std::to_string(kMaxRequests) +
@@ -63,7 +77,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
                      .tag = tag,
                      .registration = registration,
                      .seq = seq};
-  r->eager = size <= eager_max_;
+  r->eager = size <= eager_max_ && size <= max_msg;
   r->stripes = r->eager ? 0 : stripe_count(size);
   ++(r->eager ? stats_.eager : stats_.rendezvous);
   waiting_[seq % kSeqWindow] = r;

@@ -114,17 +114,20 @@ void set_nics(Config& c, std::string_view, std::string_view value) {
 }
 void check_nothing(const Config&, std::string_view) {}
 
-void set_log_level(Config& c, std::string_view name, std::string_view value) {
-  for (auto level : kLogLevels) {
-    if (value == level) {
-      c.log_level = value;
-      return;
-    }
-  }
-  invalid(name, value, "one of trace, debug, info, warn, error, off");
+bool known_log_level(std::string_view value) {
+  for (auto level : kLogLevels)
+    if (value == level) return true;
+  return false;
 }
+void set_log_level(Config& c, std::string_view name, std::string_view value) {
+  if (!known_log_level(value)) invalid(name, value, "one of trace, debug, info, warn, error, off");
+  c.log_level = value;
+}
+// Reads only: the Config checked may be a const object (Context's default argument).
 void check_log_level(const Config& c, std::string_view name) {
-  set_log_level(const_cast<Config&>(c), name, std::string(c.log_level));  // NOLINT: same value
+  if (!known_log_level(c.log_level)) {
+    invalid(name, c.log_level, "one of trace, debug, info, warn, error, off");
+  }
 }
 
 constexpr std::uint64_t kMaxBytes = 1ull << 40;
@@ -152,9 +155,9 @@ constexpr Row kTable[] = {
     "provider's limits"},
    Number<&Config::qp_depth_multiplier, 1, 64>::set,
    Number<&Config::qp_depth_multiplier, 1, 64>::check},
-  {{"LOOM_EAGER_MAX", "16k", "largest message sent eagerly (tagged send), and largest receive "
-    "buffer given an eager receive; larger messages, and any message to a larger buffer, use "
-    "RDMA-write rendezvous"},
+  {{"LOOM_EAGER_MAX", "16k", "largest message sent eagerly (tagged send; never above the "
+    "provider's max_msg_size), and largest receive buffer given an eager receive; larger "
+    "messages, and any message to a larger buffer, use RDMA-write rendezvous"},
    Number<&Config::eager_max, 0, 1ull << 24>::set, Number<&Config::eager_max, 0, 1ull << 24>::check},
   {{"LOOM_INJECT_MAX", "4k", "largest eager message sent by fi_tinjectdata (no send completion) "
     "where the provider's inject size allows it; 0 = never"},
@@ -163,7 +166,8 @@ constexpr Row kTable[] = {
     "rails"},
    Number<&Config::min_stripe, 4096, kMaxBytes>::set,
    Number<&Config::min_stripe, 4096, kMaxBytes>::check},
-  {{"LOOM_MR_CACHE_ENTRIES", "1024", "registrations kept per lane by the MR cache (LRU)"},
+  {{"LOOM_MR_CACHE_ENTRIES", "1024", "registrations in use per lane above which the MR cache "
+    "says so (debug); a registration is released with its last user, never kept unused"},
    Number<&Config::mr_cache_entries, 1, 1u << 20>::set,
    Number<&Config::mr_cache_entries, 1, 1u << 20>::check},
   {{"LOOM_LOG_LEVEL", "warn", "trace, debug, info, warn, error or off"},

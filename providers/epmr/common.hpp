@@ -49,6 +49,23 @@ inline constexpr int kMaxTrywaitFids = 64;
 
 fi_provider& provider();
 
+// Test knobs, read once when the provider loads (FI_EPMR_<NAME>; README "Test knobs"). All off
+// by default: epmr then only enforces FI_MR_ENDPOINT.
+struct Knobs {
+  // FI_EPMR_FAIL_RECV_AFTER: each endpoint's untagged receives (fi_recv) after its first n
+  // fail with -FI_EIO: a receive queue that breaks for good once set up. 0 = never.
+  size_t fail_recv_after = 0;
+  // FI_EPMR_FAIL_RECV_EVERY: every n-th untagged receive that reposts a context the endpoint
+  // has posted before fails with -FI_EAGAIN (back-pressure). 0 = never.
+  size_t fail_recv_every = 0;
+  // FI_EPMR_RX_CQ_DATA: report FI_RX_CQ_DATA mode and emulate it (rx_cq_data.cpp).
+  bool rx_cq_data = false;
+  // FI_EPMR_MAX_MSG_SIZE: report this ep_attr->max_msg_size (when below tcp;ofi_rxm's) and
+  // refuse longer sends, writes and reads with -FI_EINVAL. 0 = tcp;ofi_rxm's.
+  size_t max_msg_size = 0;
+};
+const Knobs& knobs() noexcept;
+
 // Fails a call that breaks an epmr rule: -FI_EINVAL, or the given code. With FI_EPMR_VERBOSE=1
 // the reason goes to stderr, which is how a library engineer finds out which rule tripped.
 [[gnu::cold]] int refuse(const char* reason, int code = -FI_EINVAL) noexcept;

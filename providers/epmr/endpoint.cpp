@@ -1,5 +1,6 @@
 // Endpoint setup: open, bind, enable, options, names, close. The data path is in
 // endpoint_datapath.cpp.
+#include <algorithm>
 #include <new>
 
 #include "objects.hpp"
@@ -22,7 +23,7 @@ int ep_control(fid* f, int command, void* arg) {
 }
 
 ssize_t ep_cancel(fid_t f, void* context) {
-  return fi_cancel(&endpoint_of(f).inner()->fid, context);
+  return endpoint_of(f).cancel(context);
 }
 
 int ep_getopt(fid_t f, int level, int optname, void* optval, size_t* optlen) {
@@ -177,6 +178,7 @@ int Endpoint::close() noexcept {
       return refuse("fi_close(ep): memory regions are still bound to it", -FI_EBUSY);
     closing_ = true;
   }
+  if (credit_cq_ != nullptr) credit_cq_->drop_credits(*this);
   if (const int rc = close_inner(inner_); rc != 0) {
     const std::lock_guard lock(mutex_);
     closing_ = false;
@@ -192,9 +194,10 @@ int Endpoint::bind(fid* bfid, uint64_t flags) noexcept {
   const Domain* owner = domain_;
   switch (bfid->fclass) {
     case FI_CLASS_CQ:
-      if (const Cq* cq = Cq::from_user(bfid)) {
+      if (Cq* cq = Cq::from_user(bfid)) {
         inner = &cq->inner()->fid;
         owner = &cq->domain();
+        if ((flags & FI_RECV) != 0 && cq->emulates_rx_cq_data()) credit_cq_ = cq;
       }
       break;
     case FI_CLASS_AV:
@@ -218,6 +221,49 @@ int Endpoint::bind(fid* bfid, uint64_t flags) noexcept {
   if (inner == nullptr) return refuse("fi_ep_bind: not an epmr CQ, AV, counter or EQ");
   if (owner != domain_) return refuse("fi_ep_bind: object belongs to another domain");
   return fi_ep_bind(inner_.get(), inner, flags);
+}
+
+int Endpoint::cancel(void* context) noexcept {
+  const Knobs& k = knobs();
+  if (k.fail_recv_after != 0 || k.fail_recv_every != 0) {
+    const std::lock_guard lock(mutex_);
+    if (std::find(refused_.begin(), refused_.end(), context) != refused_.end()) {
+      return refuse("fi_cancel: a receive that was refused, so never posted", -FI_ENOENT);
+    }
+  }
+  // A credit taken back generates no completion (unlike a real provider's FI_ECANCELED).
+  if (credit_cq_ != nullptr && credit_cq_->remove_credit(*this, context)) return 0;
+  return static_cast<int>(fi_cancel(&inner_->fid, context));
+}
+
+int Endpoint::recv_fault(void* context) noexcept {
+  const Knobs& k = knobs();
+  if (k.fail_recv_after == 0 && k.fail_recv_every == 0) return 0;
+  const std::lock_guard lock(mutex_);
+  try {
+    int code = 0;
+    if (k.fail_recv_after != 0 && recvs_++ >= k.fail_recv_after) code = -FI_EIO;
+    if (code == 0 && k.fail_recv_every != 0 && !posted_.insert(context).second &&
+        ++reposts_ % k.fail_recv_every == 0) {
+      code = -FI_EAGAIN;
+    }
+    if (code == 0) return 0;
+    if (std::find(refused_.begin(), refused_.end(), context) == refused_.end()) {
+      refused_.push_back(context);
+    }
+    return refuse(
+        code == -FI_EIO ? "fi_recv: FI_EPMR_FAIL_RECV_AFTER" : "fi_recv: FI_EPMR_FAIL_RECV_EVERY",
+        code);
+  } catch (const std::bad_alloc&) {
+    return -FI_ENOMEM;
+  }
+}
+
+void Endpoint::recv_posted(void* context) noexcept {
+  const Knobs& k = knobs();
+  if (k.fail_recv_after == 0 && k.fail_recv_every == 0) return;
+  const std::lock_guard lock(mutex_);
+  refused_.erase(std::remove(refused_.begin(), refused_.end(), context), refused_.end());
 }
 
 int Endpoint::control(int command, void* arg) noexcept {

@@ -15,6 +15,23 @@ ssize_t bad_desc(const char* op) noexcept {
   return refuse_desc(op);
 }
 
+// FI_EPMR_MAX_MSG_SIZE: a send, write or read longer than the reported max_msg_size.
+inline bool too_long(size_t len) noexcept {
+  const size_t limit = knobs().max_msg_size;
+  return limit != 0 && len > limit;
+}
+
+[[gnu::cold]] ssize_t refuse_length(const char* op) noexcept {
+  (void)op;
+  return refuse("transfer longer than max_msg_size (FI_EPMR_MAX_MSG_SIZE)");
+}
+
+size_t total_length(const iovec* iov, size_t count) noexcept {
+  size_t total = 0;
+  for (size_t i = 0; i < count; ++i) total += iov[i].iov_len;
+  return total;
+}
+
 // One local buffer. Without a descriptor only buffers the provider never touches in place are
 // accepted: empty ones, and data that an inject copies before returning.
 inline bool desc_ok(const Endpoint& ep, void* desc, size_t len, bool copied,
@@ -54,7 +71,13 @@ ssize_t msg_recv(fid_ep* f, void* buf, size_t len, void* desc, fi_addr_t src, vo
   Endpoint& ep = ep_of(f);
   void* inner = nullptr;
   if (!desc_ok(ep, desc, len, false, inner)) return bad_desc("fi_recv");
-  return fi_recv(ep.inner(), buf, len, inner, src, ctx);
+  if (const int fault = ep.recv_fault(ctx); fault != 0) return fault;
+  // FI_EPMR_RX_CQ_DATA: a zero-length receive is a credit for remote CQ data.
+  const ssize_t rc = len == 0 && ep.credit_cq() != nullptr
+                         ? ep.credit_cq()->add_credit(ep, ctx)
+                         : fi_recv(ep.inner(), buf, len, inner, src, ctx);
+  if (rc == 0) ep.recv_posted(ctx);
+  return rc;
 }
 
 ssize_t msg_recvv(fid_ep* f, const iovec* iov, void** desc, size_t count, fi_addr_t src,
@@ -78,6 +101,7 @@ ssize_t msg_recvmsg(fid_ep* f, const fi_msg* msg, uint64_t flags) {
 ssize_t msg_send(fid_ep* f, const void* buf, size_t len, void* desc, fi_addr_t dest, void* ctx) {
   Endpoint& ep = ep_of(f);
   void* inner = nullptr;
+  if (too_long(len)) return refuse_length("fi_send");
   if (!desc_ok(ep, desc, len, false, inner)) return bad_desc("fi_send");
   return fi_send(ep.inner(), buf, len, inner, dest, ctx);
 }
@@ -86,6 +110,7 @@ ssize_t msg_sendv(fid_ep* f, const iovec* iov, void** desc, size_t count, fi_add
                   void* ctx) {
   Endpoint& ep = ep_of(f);
   Descs inner;
+  if (too_long(total_length(iov, count))) return refuse_length("fi_sendv");
   if (!inner.translate(ep, iov, desc, count, false)) return bad_desc("fi_sendv");
   return fi_sendv(ep.inner(), iov, inner.data(), count, dest, ctx);
 }
@@ -93,6 +118,7 @@ ssize_t msg_sendv(fid_ep* f, const iovec* iov, void** desc, size_t count, fi_add
 ssize_t msg_sendmsg(fid_ep* f, const fi_msg* msg, uint64_t flags) {
   Endpoint& ep = ep_of(f);
   Descs inner;
+  if (too_long(total_length(msg->msg_iov, msg->iov_count))) return refuse_length("fi_sendmsg");
   if (!inner.translate(ep, msg->msg_iov, msg->desc, msg->iov_count, injected(flags)))
     return bad_desc("fi_sendmsg");
   fi_msg copy = *msg;
@@ -108,6 +134,7 @@ ssize_t msg_senddata(fid_ep* f, const void* buf, size_t len, void* desc, uint64_
                      fi_addr_t dest, void* ctx) {
   Endpoint& ep = ep_of(f);
   void* inner = nullptr;
+  if (too_long(len)) return refuse_length("fi_senddata");
   if (!desc_ok(ep, desc, len, false, inner)) return bad_desc("fi_senddata");
   return fi_senddata(ep.inner(), buf, len, inner, data, dest, ctx);
 }
@@ -148,6 +175,7 @@ ssize_t tag_send(fid_ep* f, const void* buf, size_t len, void* desc, fi_addr_t d
                  void* ctx) {
   Endpoint& ep = ep_of(f);
   void* inner = nullptr;
+  if (too_long(len)) return refuse_length("fi_tsend");
   if (!desc_ok(ep, desc, len, false, inner)) return bad_desc("fi_tsend");
   return fi_tsend(ep.inner(), buf, len, inner, dest, tag, ctx);
 }
@@ -156,6 +184,7 @@ ssize_t tag_sendv(fid_ep* f, const iovec* iov, void** desc, size_t count, fi_add
                   uint64_t tag, void* ctx) {
   Endpoint& ep = ep_of(f);
   Descs inner;
+  if (too_long(total_length(iov, count))) return refuse_length("fi_tsendv");
   if (!inner.translate(ep, iov, desc, count, false)) return bad_desc("fi_tsendv");
   return fi_tsendv(ep.inner(), iov, inner.data(), count, dest, tag, ctx);
 }
@@ -163,6 +192,7 @@ ssize_t tag_sendv(fid_ep* f, const iovec* iov, void** desc, size_t count, fi_add
 ssize_t tag_sendmsg(fid_ep* f, const fi_msg_tagged* msg, uint64_t flags) {
   Endpoint& ep = ep_of(f);
   Descs inner;
+  if (too_long(total_length(msg->msg_iov, msg->iov_count))) return refuse_length("fi_tsendmsg");
   if (!inner.translate(ep, msg->msg_iov, msg->desc, msg->iov_count, injected(flags)))
     return bad_desc("fi_tsendmsg");
   fi_msg_tagged copy = *msg;
@@ -178,6 +208,7 @@ ssize_t tag_senddata(fid_ep* f, const void* buf, size_t len, void* desc, uint64_
                      fi_addr_t dest, uint64_t tag, void* ctx) {
   Endpoint& ep = ep_of(f);
   void* inner = nullptr;
+  if (too_long(len)) return refuse_length("fi_tsenddata");
   if (!desc_ok(ep, desc, len, false, inner)) return bad_desc("fi_tsenddata");
   return fi_tsenddata(ep.inner(), buf, len, inner, data, dest, tag, ctx);
 }
@@ -193,6 +224,7 @@ ssize_t rma_read(fid_ep* f, void* buf, size_t len, void* desc, fi_addr_t src, ui
                  uint64_t key, void* ctx) {
   Endpoint& ep = ep_of(f);
   void* inner = nullptr;
+  if (too_long(len)) return refuse_length("fi_read");
   if (!desc_ok(ep, desc, len, false, inner)) return bad_desc("fi_read");
   return fi_read(ep.inner(), buf, len, inner, src, addr, key, ctx);
 }
@@ -201,6 +233,7 @@ ssize_t rma_readv(fid_ep* f, const iovec* iov, void** desc, size_t count, fi_add
                   uint64_t addr, uint64_t key, void* ctx) {
   Endpoint& ep = ep_of(f);
   Descs inner;
+  if (too_long(total_length(iov, count))) return refuse_length("fi_readv");
   if (!inner.translate(ep, iov, desc, count, false)) return bad_desc("fi_readv");
   return fi_readv(ep.inner(), iov, inner.data(), count, src, addr, key, ctx);
 }
@@ -208,6 +241,7 @@ ssize_t rma_readv(fid_ep* f, const iovec* iov, void** desc, size_t count, fi_add
 ssize_t rma_readmsg(fid_ep* f, const fi_msg_rma* msg, uint64_t flags) {
   Endpoint& ep = ep_of(f);
   Descs inner;
+  if (too_long(total_length(msg->msg_iov, msg->iov_count))) return refuse_length("fi_readmsg");
   if (!inner.translate(ep, msg->msg_iov, msg->desc, msg->iov_count, false))
     return bad_desc("fi_readmsg");
   fi_msg_rma copy = *msg;
@@ -219,6 +253,7 @@ ssize_t rma_write(fid_ep* f, const void* buf, size_t len, void* desc, fi_addr_t 
                   uint64_t key, void* ctx) {
   Endpoint& ep = ep_of(f);
   void* inner = nullptr;
+  if (too_long(len)) return refuse_length("fi_write");
   if (!desc_ok(ep, desc, len, false, inner)) return bad_desc("fi_write");
   return fi_write(ep.inner(), buf, len, inner, dest, addr, key, ctx);
 }
@@ -227,6 +262,7 @@ ssize_t rma_writev(fid_ep* f, const iovec* iov, void** desc, size_t count, fi_ad
                    uint64_t addr, uint64_t key, void* ctx) {
   Endpoint& ep = ep_of(f);
   Descs inner;
+  if (too_long(total_length(iov, count))) return refuse_length("fi_writev");
   if (!inner.translate(ep, iov, desc, count, false)) return bad_desc("fi_writev");
   return fi_writev(ep.inner(), iov, inner.data(), count, dest, addr, key, ctx);
 }
@@ -234,6 +270,7 @@ ssize_t rma_writev(fid_ep* f, const iovec* iov, void** desc, size_t count, fi_ad
 ssize_t rma_writemsg(fid_ep* f, const fi_msg_rma* msg, uint64_t flags) {
   Endpoint& ep = ep_of(f);
   Descs inner;
+  if (too_long(total_length(msg->msg_iov, msg->iov_count))) return refuse_length("fi_writemsg");
   if (!inner.translate(ep, msg->msg_iov, msg->desc, msg->iov_count, injected(flags)))
     return bad_desc("fi_writemsg");
   fi_msg_rma copy = *msg;
@@ -250,6 +287,7 @@ ssize_t rma_writedata(fid_ep* f, const void* buf, size_t len, void* desc, uint64
                       fi_addr_t dest, uint64_t addr, uint64_t key, void* ctx) {
   Endpoint& ep = ep_of(f);
   void* inner = nullptr;
+  if (too_long(len)) return refuse_length("fi_writedata");
   if (!desc_ok(ep, desc, len, false, inner)) return bad_desc("fi_writedata");
   return fi_writedata(ep.inner(), buf, len, inner, data, dest, addr, key, ctx);
 }

@@ -1,5 +1,6 @@
 #include "info.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -30,6 +31,8 @@ bool accepts(const fi_info* hints) noexcept {
   if (hints->ep_attr != nullptr && hints->ep_attr->type != FI_EP_UNSPEC &&
       hints->ep_attr->type != FI_EP_RDM)
     return false;
+  // FI_EPMR_RX_CQ_DATA: a mode the provider requires is one the application must handle.
+  if (knobs().rx_cq_data && (hints->mode & FI_RX_CQ_DATA) == 0) return false;
   return (hints->caps & kUnsupportedCaps) == 0;
 }
 
@@ -57,6 +60,10 @@ InfoPtr make_outer_info(const fi_info& inner) noexcept {
   set_string(outer->fabric_attr->prov_name, nullptr);
   outer->fabric_attr->prov_version = kProviderVersion;
   outer->domain_attr->mr_mode = static_cast<int>(kRequiredMrMode | hmem_bit(inner.domain_attr));
+  if (knobs().rx_cq_data) outer->mode |= FI_RX_CQ_DATA;
+  if (const size_t limit = knobs().max_msg_size; limit != 0 && outer->ep_attr != nullptr) {
+    outer->ep_attr->max_msg_size = std::min(outer->ep_attr->max_msg_size, limit);
+  }
   outer->caps &= ~kUnsupportedCaps;
   if (outer->tx_attr != nullptr) outer->tx_attr->caps &= ~kUnsupportedCaps;
   if (outer->rx_attr != nullptr) outer->rx_attr->caps &= ~kUnsupportedCaps;

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <mutex>
+#include <unordered_set>
 #include <vector>
 
 #include "common.hpp"
@@ -12,6 +14,7 @@
 
 namespace epmr {
 
+class Cq;
 class Domain;
 class Endpoint;
 
@@ -82,6 +85,16 @@ class Endpoint {
   int close() noexcept;
   int bind(fid* bfid, uint64_t flags) noexcept;
   int control(int command, void* arg) noexcept;
+  int cancel(void* context) noexcept;
+
+  // Test knobs (Knobs) on untagged receives: the error to fail this one with, or 0 to post it.
+  // A refused context is remembered until it is posted, so that fi_cancel of it answers
+  // -FI_ENOENT, as providers do for a receive they do not hold.
+  int recv_fault(void* context) noexcept;
+  void recv_posted(void* context) noexcept;
+  // FI_EPMR_RX_CQ_DATA: the CQ that keeps this endpoint's zero-length receives as credits for
+  // remote CQ data, or nullptr.
+  Cq* credit_cq() const noexcept { return credit_cq_; }
 
  private:
   Endpoint(Domain& domain, void* context) noexcept;
@@ -90,8 +103,13 @@ class Endpoint {
   Inner<fid_ep> inner_;
   std::atomic<bool> enabled_{false};
   std::mutex mutex_;
-  int bound_mrs_ = 0;     // guarded by mutex_
-  bool closing_ = false;  // guarded by mutex_
+  int bound_mrs_ = 0;                 // guarded by mutex_
+  bool closing_ = false;              // guarded by mutex_
+  size_t recvs_ = 0;                  // guarded by mutex_
+  size_t reposts_ = 0;                // guarded by mutex_
+  std::unordered_set<void*> posted_;  // guarded by mutex_: contexts ever posted
+  std::vector<void*> refused_;        // guarded by mutex_
+  Cq* credit_cq_ = nullptr;           // set by fi_ep_bind(cq, FI_RECV) under FI_EPMR_RX_CQ_DATA
 };
 
 // Operation tables of the endpoint data path (endpoint_datapath.cpp).
@@ -146,11 +164,33 @@ class Cq {
   const Domain& domain() const noexcept { return *domain_; }
   int close() noexcept;
 
+  // FI_EPMR_RX_CQ_DATA (rx_cq_data.cpp): zero-length untagged receives posted on endpoints
+  // that receive into this CQ are credits; a remote write with CQ data is reported only once it
+  // consumed one, with that receive's context, and waits here until one is posted.
+  bool emulates_rx_cq_data() const noexcept { return entry_size_ != 0; }
+  int add_credit(const Endpoint& ep, void* context) noexcept;
+  bool remove_credit(const Endpoint& ep, void* context) noexcept;
+  void drop_credits(const Endpoint& ep) noexcept;
+  ssize_t read(void* buf, size_t count, fi_addr_t* src) noexcept;
+
  private:
+  struct Credit {
+    const Endpoint* ep;
+    void* context;
+  };
+  struct Held {
+    fi_cq_tagged_entry entry;
+    fi_addr_t src;
+  };
+
   Cq(Domain& domain, void* context) noexcept;
   Handle<fid_cq, Cq> handle_;
   Domain* domain_;
   Inner<fid_cq> inner_;
+  size_t entry_size_ = 0;  // bytes per entry when emulating FI_RX_CQ_DATA, else 0
+  std::mutex credits_mutex_;
+  std::deque<Credit> credits_;  // guarded by credits_mutex_
+  std::deque<Held> held_;       // guarded by credits_mutex_: remote writes waiting for a credit
 };
 
 class Av {
@@ -199,6 +239,10 @@ class Eq {
   Handle<fid_eq, Eq> handle_;
   Inner<fid_eq> inner_;
 };
+
+// Bytes per entry of a CQ format whose entries carry flags (msg, data, tagged), else 0: the
+// formats FI_EPMR_RX_CQ_DATA can emulate on.
+size_t rx_cq_data_entry_size(fi_cq_format format) noexcept;
 
 // The inner fid behind an epmr CQ, EQ or counter (for fi_trywait), or nullptr.
 fid* inner_waitable(fid* user) noexcept;

@@ -26,11 +26,40 @@ fi_provider g_provider = {
 
 constexpr const char* kVerboseParam = "verbose";
 bool g_verbose = false;
+Knobs g_knobs;
+
+// Registered so that `fi_info -e` documents them; read as FI_EPMR_<name>.
+void read_knobs(fi_provider& prov) {
+  fi_param_define(&prov, "fail_recv_after", FI_PARAM_SIZE_T,
+                  "Test knob: untagged receives after each endpoint's first N fail with "
+                  "-FI_EIO (default: 0, never)");
+  fi_param_define(&prov, "fail_recv_every", FI_PARAM_SIZE_T,
+                  "Test knob: every N-th untagged receive that reposts a context fails with "
+                  "-FI_EAGAIN (default: 0, never)");
+  fi_param_define(&prov, "rx_cq_data", FI_PARAM_BOOL,
+                  "Test knob: require FI_RX_CQ_DATA: remote writes with CQ data consume a "
+                  "zero-length receive and wait for one (default: no)");
+  fi_param_define(&prov, "max_msg_size", FI_PARAM_SIZE_T,
+                  "Test knob: report this max_msg_size and refuse longer transfers with "
+                  "-FI_EINVAL (default: 0, tcp;ofi_rxm's)");
+  size_t value = 0;
+  if (fi_param_get_size_t(&prov, "max_msg_size", &value) == 0) g_knobs.max_msg_size = value;
+  value = 0;
+  if (fi_param_get_size_t(&prov, "fail_recv_after", &value) == 0) g_knobs.fail_recv_after = value;
+  value = 0;
+  if (fi_param_get_size_t(&prov, "fail_recv_every", &value) == 0) g_knobs.fail_recv_every = value;
+  int flag = 0;
+  if (fi_param_get_bool(&prov, "rx_cq_data", &flag) == 0) g_knobs.rx_cq_data = flag != 0;
+}
 
 }  // namespace
 
 fi_provider& provider() {
   return g_provider;
+}
+
+const Knobs& knobs() noexcept {
+  return g_knobs;
 }
 
 int refuse(const char* reason, int code) noexcept {
@@ -66,5 +95,6 @@ extern "C" FI_EXT_INI {
                   "Print to stderr why epmr refused a call (default: no)");
   int verbose = 0;
   if (fi_param_get_bool(&prov, epmr::kVerboseParam, &verbose) == 0) epmr::g_verbose = verbose != 0;
+  epmr::read_knobs(prov);
   return &prov;
 }

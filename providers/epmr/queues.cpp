@@ -30,10 +30,14 @@ int cq_control(fid* f, int command, void* arg) {
   return forward_wait_control(&owner_of<Cq>(f)->inner()->fid, command, arg);
 }
 ssize_t cq_read(fid_cq* cq, void* buf, size_t count) {
-  return fi_cq_read(inner_cq(cq), buf, count);
+  Cq* owner = owner_of<Cq>(cq);
+  if (owner->emulates_rx_cq_data()) return owner->read(buf, count, nullptr);
+  return fi_cq_read(owner->inner(), buf, count);
 }
 ssize_t cq_readfrom(fid_cq* cq, void* buf, size_t count, fi_addr_t* src) {
-  return fi_cq_readfrom(inner_cq(cq), buf, count, src);
+  Cq* owner = owner_of<Cq>(cq);
+  if (owner->emulates_rx_cq_data()) return owner->read(buf, count, src);
+  return fi_cq_readfrom(owner->inner(), buf, count, src);
 }
 ssize_t cq_readerr(fid_cq* cq, fi_cq_err_entry* buf, uint64_t flags) {
   return fi_cq_readerr(inner_cq(cq), buf, flags);
@@ -289,6 +293,7 @@ int Cq::open(Domain& domain, fi_cq_attr* attr, fid_cq** out, void* context) {
   if (const int rc = fi_cq_open(domain.inner(), attr, &inner, &cq->handle_.fid.fid); rc != 0)
     return rc;
   cq->inner_.reset(inner);
+  cq->entry_size_ = knobs().rx_cq_data && attr != nullptr ? rx_cq_data_entry_size(attr->format) : 0;
   *out = &cq.release()->handle_.fid;
   return 0;
 }

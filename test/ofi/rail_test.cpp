@@ -284,3 +284,51 @@ TEST_CASE("rail key used after deregistration is refused", "[pair]") {
 }
 
 }  // namespace loom::test
+
+namespace loom::test {
+
+// The meson test runs this on epmr with FI_EPMR_RX_CQ_DATA=1 (remote CQ data consumes one of
+// the receives the rail keeps posted; with none posted the write does not complete) and
+// FI_EPMR_FAIL_RECV_EVERY=4 (every 4th repost of a receive meets back-pressure). A rail writes
+// to itself, one write at a time, many more times than it has credits: each write's remote
+// completion must arrive.
+TEST_CASE("rail FI_RX_CQ_DATA credits refused on repost are posted again", "[rx-cq-data]") {
+  TestFabric fabric(1, 1);
+  if (!fabric.nic().rx_cq_data) {
+    SUCCEED("needs a provider in FI_RX_CQ_DATA mode (epmr with FI_EPMR_RX_CQ_DATA=1)");
+    return;
+  }
+  ofi::RailSet& set = *fabric.rails;
+  ofi::Rail& rail = set.data(0);
+  RemoteWrites writes;
+  set.set_remote_write_handler(&writes);
+  const ofi::Address self = rail.insert_peer(rail.address());
+  std::vector<std::byte> source(4096), target(4096);
+  fill_pattern(source, 5);
+  auto& source_mr = set.mr_cache().acquire(source.data(), source.size());
+  auto& target_mr = set.mr_cache().acquire(target.data(), target.size());
+  const std::size_t writes_wanted = 10 * ofi::Rail::kRxCqDataCredits;
+  for (std::size_t i = 0; i < writes_wanted; ++i) {
+    Tracker write;
+    post(
+        set, rail,
+        [&] {
+          return rail.write(self, source.data(), source.size(), source_mr.desc(rail.index()),
+                            target_mr.remote_address(target.data()), target_mr.key(rail.index()),
+                            static_cast<std::uint32_t>(i), &write.op);
+        },
+        "posting write " + std::to_string(i));
+    poll_until([&] { return write.completions == 1 && writes.data.size() == i + 1; },
+               [&] { set.progress(); },
+               "remote completion of write " + std::to_string(i) + " (" +
+                   std::to_string(writes.data.size()) + " arrived)",
+               std::chrono::seconds(10));
+    REQUIRE(write.last.status == Status::kOk);
+    REQUIRE(writes.data.back() == i);
+  }
+  CHECK(check_pattern(target, 5).empty());
+  set.mr_cache().release(source_mr);
+  set.mr_cache().release(target_mr);
+}
+
+}  // namespace loom::test

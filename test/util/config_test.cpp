@@ -1,6 +1,12 @@
 #include "loom/config.hpp"
 
+#include <new>
+#include <string>
+
 #include <catch2/catch.hpp>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "loom/error.hpp"
 
@@ -70,6 +76,39 @@ TEST_CASE("config: invalid values are errors naming the variable", "[util]") {
   Config c;
   c.ctrl_rails = 0;
   CHECK_THROWS_WITH(c.validate(), Catch::Contains("LOOM_CTRL_RAILS"));
+  c = Config{};
+  c.log_level = "loud";
+  CHECK_THROWS_WITH(c.validate(), Catch::Contains("LOOM_LOG_LEVEL"));
+}
+
+// validate() is const and may be given a const object (Context's default argument binds a
+// temporary Config to a const reference): it must only read. Shown on a Config in pages made
+// read-only, in a child, so that a write kills the child and not the test.
+TEST_CASE("config: validate() only reads the Config", "[util]") {
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  void* memory = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(memory != MAP_FAILED);
+  static_assert(sizeof(Config) <= 4096);
+  auto* config = new (memory) Config();
+  config->log_level = "info";  // short: kept inside the object, on the protected page
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    if (mprotect(memory, page, PROT_READ) != 0) _exit(2);
+    try {
+      static_cast<const Config*>(config)->validate();
+    } catch (...) {
+      _exit(3);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  INFO("child " << (WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status))
+                                        : "exited " + std::to_string(WEXITSTATUS(status))));
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  config->~Config();
+  munmap(memory, page);
 }
 
 }  // namespace loom
