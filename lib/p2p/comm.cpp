@@ -325,12 +325,28 @@ void Comm::on_peer_close(std::span<const std::byte> body) {
   }
   peer_ = PeerState::kClosed;
   peer_gone_ = "the peer closed the communicator";
-  peer_complete_below_ = notice.complete_below;
   close_deadline_ =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(core_->config().peer_timeout_ms);
   util::log().debug("comm {} on lane {}: the peer closed; it finished messages below {}", id_,
                     lane_->id(), notice.complete_below);
-  fail_unfinished(notice.complete_below, peer_gone_);
+  fail_unfinished(notice, peer_gone_);
+}
+
+CloseNotice Comm::notice_for(std::uint32_t next, const std::vector<std::uint32_t>& unfinished) {
+  std::uint32_t below = next;
+  for (std::uint32_t seq : unfinished)
+    if (seq_before(seq, below)) below = seq;
+  CloseNotice notice{.complete_below = below};
+  // In-flight sequence numbers lie within kSeqWindow; one beyond the span counts unfinished.
+  notice.span = static_cast<std::uint16_t>(std::min<std::uint32_t>(next - below, kCloseWindow));
+  for (std::uint32_t offset = 0; offset < notice.span; ++offset) notice.set_finished(offset);
+  for (std::uint32_t seq : unfinished) {
+    const std::uint32_t offset = seq - below;
+    if (offset < notice.span) {
+      notice.finished_bits[offset / 8] &= static_cast<std::uint8_t>(~(1u << (offset % 8)));
+    }
+  }
+  return notice;
 }
 
 bool Comm::on_liveness(const mux::ControlHeader& header) {
@@ -412,8 +428,8 @@ void Comm::close(std::unique_ptr<Comm> self) {
     const auto deadline = std::chrono::steady_clock::now() + kCloseDrain;
     if (!self->peer_gone() && !self->peer_control_.empty()) {
       // Tells the peer how far we got, so that what arrived stays delivered over there.
-      std::byte body[kCloseNoticeBytes];
-      const std::size_t length = encode_close({self->complete_below()}, body);
+      std::byte body[close_notice_bytes(kCloseWindow)];
+      const std::size_t length = encode_close(self->close_notice(), body);
       Status sent = self->send_control(MessageType::kClose, 0, {body, length});
       while (sent == Status::kRetry && std::chrono::steady_clock::now() < deadline) {
         lane.progress();

@@ -30,6 +30,7 @@ inline constexpr std::size_t kSeqWindow = 1024;
 inline constexpr unsigned kIdlePollsPerKick = 16;
 static_assert((kIdlePollsPerKick & (kIdlePollsPerKick - 1)) == 0);
 static_assert(kMaxRequests * kMaxParts <= kSeqWindow);
+static_assert(kSeqWindow <= kCloseWindow, "a close notice covers every sequence in flight");
 static_assert(((std::size_t{1} << mux::kImmSeqBits) % kSeqWindow) == 0);
 static_assert(kSeqWindow <= (std::size_t{1} << mux::kTagSeqBits));
 
@@ -114,15 +115,16 @@ class Comm : public mux::CommPort {
   void fail_all(Status status, const std::string& text);
   // The peer is gone (dead or unreachable): every request fails, new ones are refused.
   void peer_lost(std::string why, bool warn = true);
-  // The peer's close notice: `complete_below` is the first sequence number it had not finished
-  // (see complete_below()). Fails what the peer will never finish; the rest runs on, bounded by
-  // LOOM_PEER_TIMEOUT_MS.
+  // The peer's close notice: which messages it finished. Fails what the peer will never
+  // finish; the rest runs on, bounded by LOOM_PEER_TIMEOUT_MS.
   void on_peer_close(std::span<const std::byte> body);
-  // What our close notice tells the peer: every message below this sequence number was handed
-  // to the provider whole (sender) or arrived (receiver).
-  [[nodiscard]] virtual std::uint32_t complete_below() const noexcept = 0;
-  // Fails the pending parts the closed peer will never finish (sequence >= `complete_below`).
-  virtual void fail_unfinished(std::uint32_t complete_below, const std::string& why) = 0;
+  // What our close notice tells the peer: which messages were handed to the provider whole
+  // (sender) or arrived (receiver).
+  [[nodiscard]] virtual CloseNotice close_notice() const = 0;
+  // Every sequence number below `next` finished except those in `unfinished`.
+  static CloseNotice notice_for(std::uint32_t next, const std::vector<std::uint32_t>& unfinished);
+  // Fails the pending parts the closed peer did not finish.
+  virtual void fail_unfinished(const CloseNotice& notice, const std::string& why) = 0;
   // LOOM_PEER_TIMEOUT_MS after the peer's close notice: settles what is still pending.
   virtual void settle_after_close() = 0;
   // One test() pass; `handled` counts the completions it processed.
@@ -172,7 +174,6 @@ class Comm : public mux::CommPort {
   PeerState peer_ = PeerState::kConnected;
   std::string peer_gone_;                                 // why, once peer_ is not kConnected
   std::chrono::steady_clock::time_point close_deadline_;  // kClosed: the rest must arrive by then
-  std::uint32_t peer_complete_below_ = 0;                 // kClosed: what its notice said
   std::chrono::steady_clock::time_point last_heard_;
   std::chrono::steady_clock::time_point next_ping_;
   unsigned liveness_polls_ = 0;

@@ -15,6 +15,7 @@ static_assert(kHandleHeaderBytes + 1 + 16 <= 128, "an IPv4 sockaddr must fit a h
 static_assert(max_cts_entries(kMaxDataRails) >= kMaxParts, "a whole irecv fits one message");
 static_assert(cts_bytes(max_cts_entries(1), 1) <= mux::kMaxControlBody);
 static_assert(rts_bytes(kMaxBatch) <= mux::kMaxControlBody);
+static_assert(close_notice_bytes(kCloseWindow) <= mux::kMaxControlBody);
 
 // A clear-to-send entry's flags byte, after seq, size and tag.
 constexpr std::size_t kCtsFlagOffset = 4 + 8 + 4;
@@ -189,16 +190,37 @@ const char* decode_reject(std::span<const std::byte> in, RejectMessage& out) {
   return nullptr;
 }
 
+namespace {
+
+// Bits past `span` are zero: one notice has one encoding.
+bool close_bits_fit(const CloseNotice& m) {
+  if (m.span > kCloseWindow) return false;
+  for (std::size_t bit = m.span; bit < kCloseWindow; ++bit)
+    if ((m.finished_bits[bit / 8] >> (bit % 8) & 1u) != 0) return false;
+  return true;
+}
+
+}  // namespace
+
 std::size_t encode_close(const CloseNotice& m, std::span<std::byte> out) {
+  if (!close_bits_fit(m)) return 0;
   WireWriter w(out);
   w.u32(m.complete_below);
+  w.u16(m.span);
+  w.bytes(std::as_bytes(std::span(m.finished_bits).first((m.span + 7u) / 8)));
   return finish(w);
 }
 
 const char* decode_close(std::span<const std::byte> in, CloseNotice& out) {
   WireReader r(in);
   out.complete_below = r.u32();
+  out.span = r.u16();
+  if (!r.ok() || out.span > kCloseWindow) return "close notice: span out of range";
+  const auto bits = r.bytes((out.span + 7u) / 8);
   if (!r.done()) return "close notice has the wrong length";
+  out.finished_bits.fill(0);
+  std::memcpy(out.finished_bits.data(), bits.data(), bits.size());
+  if (!close_bits_fit(out)) return "close notice: bits set past its span";
   return nullptr;
 }
 

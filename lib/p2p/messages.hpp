@@ -178,21 +178,37 @@ inline constexpr std::size_t rts_bytes(std::size_t count) {
 std::size_t encode_rts(const ReadyToSend& message, std::span<std::byte> out);
 const char* decode_rts(std::span<const std::byte> in, ReadyToSend& out);
 
-// A communicator's last word to its peer. A sender says every message below `complete_below`
-// was handed to the provider whole (its data and any ready-to-send are on the way); a receiver
-// says every buffer below it was filled or failed with a verdict both sides share. The peer
-// keeps what that covers and fails the rest.
-struct CloseNotice {
-  std::uint32_t complete_below = 0;
-};
-inline constexpr std::size_t kCloseNoticeBytes = 4;
-std::size_t encode_close(const CloseNotice& message, std::span<std::byte> out);
-const char* decode_close(std::span<const std::byte> in, CloseNotice& out);
-
 // Sequence numbers wrap: `a` comes before `b` when fewer than 2^31 steps lie from a to b.
 constexpr bool seq_before(std::uint32_t a, std::uint32_t b) {
   return static_cast<std::int32_t>(a - b) < 0;
 }
 static_assert(seq_before(0xFFFFFFFFu, 0) && !seq_before(0, 0xFFFFFFFFu) && !seq_before(5, 5));
+
+// A communicator's last word to its peer: which messages it finished. A sender has finished a
+// message it handed to the provider whole (its data and any ready-to-send are on the way); a
+// receiver, a buffer that was filled or failed with a verdict both sides share. Every message
+// below `complete_below` is finished; of the next `span` ones, those whose bit is set (they
+// can finish out of order). The peer keeps what that covers and fails the rest.
+inline constexpr std::size_t kCloseWindow = 1024;
+struct CloseNotice {
+  std::uint32_t complete_below = 0;
+  std::uint16_t span = 0;                                      // at most kCloseWindow
+  std::array<std::uint8_t, kCloseWindow / 8> finished_bits{};  // bit i: complete_below + i
+
+  [[nodiscard]] bool finished(std::uint32_t seq) const noexcept {
+    if (seq_before(seq, complete_below)) return true;
+    const std::uint32_t offset = seq - complete_below;
+    return offset < span && (finished_bits[offset / 8] >> (offset % 8) & 1u) != 0;
+  }
+  void set_finished(std::uint32_t offset) noexcept {
+    finished_bits[offset / 8] |= static_cast<std::uint8_t>(1u << (offset % 8));
+  }
+};
+inline constexpr std::size_t close_notice_bytes(std::size_t span) {
+  return 4 + 2 + (span + 7) / 8;
+}
+// 0 for a span above kCloseWindow or bits set beyond it.
+std::size_t encode_close(const CloseNotice& message, std::span<std::byte> out);
+const char* decode_close(std::span<const std::byte> in, CloseNotice& out);
 
 }  // namespace loom::p2p

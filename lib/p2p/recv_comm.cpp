@@ -239,25 +239,23 @@ void RecvCommImpl::cancel(Request& r) {
   }
 }
 
-std::uint32_t RecvCommImpl::complete_below() const noexcept {
-  std::uint32_t below = next_seq_;
+CloseNotice RecvCommImpl::close_notice() const {
+  std::vector<std::uint32_t> unfinished;
   for (const Request& r : requests_.built()) {
     if (!r.in_use || r.kind != RequestKind::kRecv) continue;
-    for (std::size_t i = 0; i < r.part_count; ++i) {
-      const Part& part = r.parts[i];
-      if (!part.done && seq_before(part.seq, below)) below = part.seq;
-    }
+    for (std::size_t i = 0; i < r.part_count; ++i)
+      if (!r.parts[i].done) unfinished.push_back(r.parts[i].seq);
   }
-  return below;
+  return notice_for(next_seq_, unfinished);
 }
 
-void RecvCommImpl::fail_unfinished(std::uint32_t complete_below, const std::string& why) {
+void RecvCommImpl::fail_unfinished(const CloseNotice& notice, const std::string& why) {
   for (Request& r : requests_.built()) {
     if (!r.in_use || r.kind != RequestKind::kRecv) continue;
     for (std::size_t i = 0; i < r.part_count; ++i) {
       Part& part = r.parts[i];
-      // Below complete_below the sender handed the message over whole: it is on its way.
-      if (part.done || seq_before(part.seq, complete_below)) continue;
+      // The sender handed the message over whole: it is on its way.
+      if (part.done || notice.finished(part.seq)) continue;
       part.status = Status::kPeerError;
       r.fail(Status::kPeerError,
              "irecv: " + why + " before sending message " + std::to_string(part.seq));

@@ -34,8 +34,8 @@ class RecvCommImpl final : public Comm {
 
   void advance(Request& request) override;
   void cancel(Request& request) override;
-  [[nodiscard]] std::uint32_t complete_below() const noexcept override;
-  void fail_unfinished(std::uint32_t complete_below, const std::string& why) override;
+  [[nodiscard]] CloseNotice close_notice() const override;
+  void fail_unfinished(const CloseNotice& notice, const std::string& why) override;
   void settle_after_close() override;
   void flush_control() override;
   // Posts the eager receives not posted yet, lowest sequence first, until the provider pushes

@@ -273,25 +273,25 @@ void SendCommImpl::update_done(Request& r) {
 
 // Handed to the provider whole: the payload (and a ready-to-send where one is needed) left, or
 // the message failed with a verdict the receiver reaches too.
-std::uint32_t SendCommImpl::complete_below() const noexcept {
-  std::uint32_t below = next_seq_;
+CloseNotice SendCommImpl::close_notice() const {
+  std::vector<std::uint32_t> unfinished;
   for (const Request& r : requests_.built()) {
     if (!r.in_use || r.kind != RequestKind::kSend || r.parts[0].done) continue;
     const bool told = !r.rts_needed || r.rts_sent;
     const bool left = r.status != Status::kOk
                           ? told
                           : (r.eager ? r.eager_posted : r.stripes_posted == r.stripes && told);
-    if (!left && seq_before(r.parts[0].seq, below)) below = r.parts[0].seq;
+    if (!left) unfinished.push_back(r.parts[0].seq);
   }
-  return below;
+  return notice_for(next_seq_, unfinished);
 }
 
-void SendCommImpl::fail_unfinished(std::uint32_t complete_below, const std::string& why) {
+void SendCommImpl::fail_unfinished(const CloseNotice& notice, const std::string& why) {
   for (Request& r : requests_.built()) {
     Part& part = r.parts[0];
     if (!r.in_use || r.kind != RequestKind::kSend || part.done) continue;
     // Arrived over there: its own completions finish it, with their outcome.
-    if (seq_before(part.seq, complete_below) && r.status == Status::kOk) continue;
+    if (notice.finished(part.seq) && r.status == Status::kOk) continue;
     r.fail(Status::kPeerError,
            "isend: " + why + " before receiving message " + std::to_string(part.seq));
     part.status = Status::kPeerError;

@@ -32,8 +32,8 @@ class SendCommImpl final : public Comm {
 
   void advance(Request& request) override;
   void cancel(Request&) override {}  // sends are not cancelled: they complete or fail
-  [[nodiscard]] std::uint32_t complete_below() const noexcept override;
-  void fail_unfinished(std::uint32_t complete_below, const std::string& why) override;
+  [[nodiscard]] CloseNotice close_notice() const override;
+  void fail_unfinished(const CloseNotice& notice, const std::string& why) override;
   void settle_after_close() override;
   void flush_control() override;
   void match(Request& request);

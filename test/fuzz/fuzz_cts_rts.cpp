@@ -87,17 +87,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                               .stripes = source.u8()};
   }
 
-  const CloseNotice close{.complete_below = source.take<std::uint32_t>()};
+  CloseNotice close{
+      .complete_below = source.take<std::uint32_t>(),
+      .span = static_cast<std::uint16_t>(source.take<std::uint16_t>() % (kCloseWindow + 2))};
+  for (auto& byte : close.finished_bits) byte = source.u8();
+  if (close.span <= kCloseWindow) {
+    for (std::size_t bit = close.span; bit < kCloseWindow; ++bit) {
+      close.finished_bits[bit / 8] &= static_cast<std::uint8_t>(~(1u << (bit % 8)));
+    }
+  }
   const auto same_close = [](const CloseNotice& a, const CloseNotice& b) {
-    return a.complete_below == b.complete_below;
+    return a.complete_below == b.complete_below && a.span == b.span &&
+           a.finished_bits == b.finished_bits;
   };
+  const auto close_fits = [](const CloseNotice& m) { return m.span <= kCloseWindow; };
 
   loom::fuzz::check_decode(in, cts, decode_cts, encode_cts, same_cts, cts_fits);
   loom::fuzz::check_decode(in, rts, decode_rts, encode_rts, same_rts, rts_fits);
-  loom::fuzz::check_decode(in, close, decode_close, encode_close, same_close,
-                           [](const CloseNotice&) { return true; });
-  loom::fuzz::check_encode(close, true, kCloseNoticeBytes,
-                           loom::fuzz::make_room(source, kCloseNoticeBytes), decode_close,
+  loom::fuzz::check_decode(in, close, decode_close, encode_close, same_close, close_fits);
+  const std::size_t close_expected = close_notice_bytes(close.span);
+  loom::fuzz::check_encode(close, close_fits(close), close_expected,
+                           loom::fuzz::make_room(source, close_expected), decode_close,
                            encode_close, same_close);
 
   const std::size_t expected = cts_bytes(cts.count, cts.data_rails);

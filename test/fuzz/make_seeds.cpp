@@ -137,7 +137,10 @@ std::vector<Seed> seeds() {
   s.push_back(
       {"control_header/close", control(static_cast<std::uint8_t>(MessageType::kClose),
                                        encoded(CloseNotice{.complete_below = 12}, encode_close))});
-  s.push_back({"cts_rts/close", encoded(CloseNotice{.complete_below = 4096}, encode_close)});
+  CloseNotice out_of_order{.complete_below = 4096, .span = 20};
+  out_of_order.set_finished(3);
+  out_of_order.set_finished(19);
+  s.push_back({"cts_rts/close", encoded(out_of_order, encode_close)});
   s.push_back(
       {"control_header/rts", control(static_cast<std::uint8_t>(MessageType::kReadyToSend),
                                      rts({{.seq = 7, .size = 1u << 24, .tag = 1, .stripes = 2}}))});
