@@ -68,6 +68,7 @@ Lane::~Lane() {
     util::log().info("lane {}: closing with operations of {} closed communicator(s) in flight", id_,
                      retired_.size());
   }
+  for (auto& port : retired_) port->abandon_registrations();
   control_.reset();
   rails_.reset();
   retired_.clear();

@@ -53,6 +53,9 @@ class CommPort {
   virtual void on_retry() = 0;
   // Closed and retired (Lane::retire): whether the provider handed back all its operations.
   [[nodiscard]] virtual bool drained() const noexcept = 0;
+  // Retired, and its lane closing: its registrations (held for the operations still out) go
+  // with the lane's registration cache, not one by one.
+  virtual void abandon_registrations() noexcept = 0;
 };
 
 struct LaneStats {

@@ -24,8 +24,9 @@ struct OpContext {
 };
 
 struct Completion {
-  Status status = Status::kOk;  // kOk, kCancelled, kTruncated or kError
-  bool has_data = false;        // `data` carries the sender's remote CQ data
+  // kOk, kCancelled, kTruncated, kPeerError (the connection to the peer is gone) or kError.
+  Status status = Status::kOk;
+  bool has_data = false;  // `data` carries the sender's remote CQ data
   std::uint64_t tag = 0;
   std::uint64_t data = 0;
   std::size_t length = 0;       // bytes received (receives only)

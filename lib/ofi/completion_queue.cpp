@@ -12,6 +12,16 @@
 #include "util/log.hpp"
 
 namespace loom::ofi {
+namespace {
+
+// Errors by which a provider says the peer went away (rxm and sockets over a connection the
+// peer reset or closed).
+bool connection_lost(int code) {
+  return code == FI_ECONNRESET || code == FI_ECONNREFUSED || code == FI_ECONNABORTED ||
+         code == FI_ENOTCONN || code == EPIPE || code == FI_EHOSTUNREACH;
+}
+
+}  // namespace
 
 std::size_t clamp_cq_size(const NicAttributes& nic, std::size_t wanted) {
   if (nic.max_cq_entries == 0 || wanted <= nic.max_cq_entries) return wanted;
@@ -125,7 +135,9 @@ void CompletionQueue::read_error_entry() {
   const std::string text = nic_->attributes().domain + " [" + nic_->attributes().provider +
                            "]: " + fi_strerror(code) + " (" +
                            std::string(detail != nullptr ? detail : "") + ")";
-  const Status status = code == FI_ETRUNC ? Status::kTruncated : Status::kError;
+  const Status status = code == FI_ETRUNC       ? Status::kTruncated
+                        : connection_lost(code) ? Status::kPeerError
+                                                : Status::kError;
   if (credit != nullptr) {
     // Each lost credit leaves one remote write fewer that can complete: post it again.
     if (credit_errors_.admit()) {

@@ -51,13 +51,28 @@ Comm::Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction di
 // Comm::close() is the way out. A communicator destroyed without it (a constructor that threw
 // after attaching, whose maker leaves the lane; or an owner's bug) still detaches, so the lane
 // never routes to freed memory.
+//
+// A retired communicator is destroyed by its lane, under the lane lock, once drained: the
+// registrations its operations used go back to the cache only then.
 Comm::~Comm() {
-  if (closed_) return;
+  if (closed_) {
+    release_registrations();
+    return;
+  }
   std::lock_guard lock(lane_->mutex());
+  release_registrations();
+  lane_->detach(id_);
+}
+
+void Comm::release_registrations() {
   for (auto& entry : registrations_) {
     if (entry.registration != nullptr) lane_->rails().mr_cache().release(*entry.registration);
+    entry.registration = nullptr;
   }
-  lane_->detach(id_);
+}
+
+void Comm::abandon_registrations() noexcept {
+  for (auto& entry : registrations_) entry.registration = nullptr;
 }
 
 bool Comm::drained() const noexcept {
@@ -444,17 +459,15 @@ void Comm::close(std::unique_ptr<Comm> self) {
       lock.lock();
     }
     drained = self->drained();
-    for (auto& entry : self->registrations_) {
-      if (entry.registration != nullptr) lane.rails().mr_cache().release(*entry.registration);
-      entry.registration = nullptr;
-    }
+    // Operations still out keep using their registrations until the lane frees them.
+    if (drained) self->release_registrations();
     lane.detach(self->id_);
   }
   std::shared_ptr<ContextCore> core = std::move(self->core_);
   if (!drained) {
     util::log().info(
         "communicator {} on lane {} closed with operations in flight; the lane "
-        "keeps its memory until its endpoints close",
+        "frees it once they complete",
         self->id_, lane.id());
     std::lock_guard lock(lane.mutex());
     lane.retire(std::move(self));

@@ -66,6 +66,7 @@ class Comm : public mux::CommPort {
   virtual void on_op(Request& request, std::size_t index, const ofi::Completion& completion) = 0;
   // No operation of the communicator is left with the provider.
   [[nodiscard]] bool drained() const noexcept override;
+  void abandon_registrations() noexcept override;
 
  protected:
   struct Registration {
@@ -76,6 +77,8 @@ class Comm : public mux::CommPort {
   };
 
   Request* allocate(RequestKind kind);
+  // Gives every registration back to the lane's cache (under the lane lock).
+  void release_registrations();
   // The registration behind `region` covering [data, data + size), or nullptr (last_error_ set).
   const ofi::MemoryRegistration* lookup(const MemoryRegion& region, const void* data,
                                         std::size_t size);

@@ -325,8 +325,9 @@ void RecvCommImpl::on_op(Request& r, std::size_t i, const ofi::Completion& compl
       }
       break;
     default:
-      part.status = Status::kError;
-      r.fail(Status::kError, "irecv: " + std::string(completion.error_text));
+      // kPeerError: the connection to the peer is gone; kError: anything else.
+      part.status = completion.status == Status::kPeerError ? Status::kPeerError : Status::kError;
+      r.fail(part.status, "irecv: " + std::string(completion.error_text));
       part.done = true;
   }
 }

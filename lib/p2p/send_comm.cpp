@@ -317,9 +317,11 @@ void SendCommImpl::fail_send(Request& r, const ofi::Completion& completion) {
   const std::string text(completion.error_text);
   if (completion.status == Status::kCancelled) {
     r.fail(Status::kPeerError,
-           "isend: the provider cancelled the send: the connection to the peer "
-           "is gone" +
+           "isend: the provider cancelled the send: the connection to the "
+           "peer is gone" +
                (text.empty() ? "" : " (" + text + ")"));
+  } else if (completion.status == Status::kPeerError) {
+    r.fail(Status::kPeerError, "isend: the connection to the peer is gone: " + text);
   } else {
     r.fail(Status::kError, "isend: " + text);
   }

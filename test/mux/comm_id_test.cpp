@@ -25,6 +25,7 @@ struct RecordingPort final : mux::CommPort {
   void on_remote_write(mux::WriteImmediate) override {}
   void on_retry() override {}
   [[nodiscard]] bool drained() const noexcept override { return true; }
+  void abandon_registrations() noexcept override {}
 };
 
 constexpr std::uint8_t kStaleType = 200;

@@ -31,18 +31,29 @@ std::uint64_t bytes_written(const Context& context) {
   return bytes;
 }
 
+// The receiving side of a connection from the peer, with one receive posted into `buffer`.
+struct PostedReceive {
+  Context context{death_config()};
+  Listener listener = context.listen();
+  std::unique_ptr<RecvComm> in;
+  Request* receive = nullptr;
+
+  PostedReceive(Channel& channel, std::vector<std::byte>& buffer) {
+    send_handle(channel, listener.handle());
+    in = accept_one(listener);
+    MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
+    RecvBuffer target{buffer.data(), buffer.size(), 1, region};
+    require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+  }
+};
+
 // Receives one 64 MiB message from a sender that kills itself once its writes are posted.
 void surviving_receiver(Channel& channel) {
   std::vector<std::byte> buffer(kHuge);
   fill_pattern(buffer, 1);  // not the sender's pattern
-  Context context(death_config());
-  Listener listener = context.listen();
-  send_handle(channel, listener.handle());
-  std::unique_ptr<RecvComm> in = accept_one(listener);
-  MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
-  RecvBuffer target{buffer.data(), buffer.size(), 1, region};
-  Request* receive = nullptr;
-  require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+  PostedReceive posted(channel, buffer);
+  RecvComm* in = posted.in.get();
+  Request* receive = posted.receive;
   channel.send_value(1);
   bool done = false;
   Status status = Status::kOk;
@@ -102,17 +113,12 @@ TEST_CASE("p2p a sender killed during a 64 MiB rendezvous never yields kOk for m
 // writes, else kPeerError.
 void dying_receiver(Channel& channel) {
   std::vector<std::byte> buffer(kHuge);
-  Context context(death_config());
-  Listener listener = context.listen();
-  send_handle(channel, listener.handle());
-  std::unique_ptr<RecvComm> in = accept_one(listener);
-  MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
-  RecvBuffer target{buffer.data(), buffer.size(), 1, region};
-  Request* receive = nullptr;
-  require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+  PostedReceive posted(channel, buffer);
   bool done = false;
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  while (!done && std::chrono::steady_clock::now() < until) (void)in->test(receive, done, {});
+  while (!done && std::chrono::steady_clock::now() < until) {
+    (void)posted.in->test(posted.receive, done, {});
+  }
   std::fflush(nullptr);
   ::raise(SIGKILL);
 }
