@@ -40,7 +40,9 @@ Comm::Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction di
       lanes_(core_->lanes()),
       lane_(&lane),
       direction_(direction),
-      eager_max_(core_->config().eager_max),
+      // Both directions use it: no eager send, and no eager receive, past what the provider
+      // takes in one transfer.
+      eager_max_(std::min(core_->config().eager_max, lane.rails().max_msg_size())),
       requests_(this, kMaxRequests) {
   retry_.reserve(kMaxRequests);
   retrying_.reserve(kMaxRequests);

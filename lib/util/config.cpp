@@ -155,8 +155,8 @@ constexpr Row kTable[] = {
     "provider's limits"},
    Number<&Config::qp_depth_multiplier, 1, 64>::set,
    Number<&Config::qp_depth_multiplier, 1, 64>::check},
-  {{"LOOM_EAGER_MAX", "16k", "largest message sent eagerly (tagged send; never above the "
-    "provider's max_msg_size), and largest receive buffer given an eager receive; larger "
+  {{"LOOM_EAGER_MAX", "16k", "largest message sent eagerly (tagged send), and largest receive "
+    "buffer given an eager receive, both never above the provider's max_msg_size; larger "
     "messages, and any message to a larger buffer, use RDMA-write rendezvous"},
    Number<&Config::eager_max, 0, 1ull << 24>::set, Number<&Config::eager_max, 0, 1ull << 24>::check},
   {{"LOOM_INJECT_MAX", "4k", "largest eager message sent by fi_tinjectdata (no send completion) "
