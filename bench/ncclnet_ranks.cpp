@@ -1,5 +1,6 @@
 #include "ncclnet_ranks.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -72,6 +73,18 @@ void Rank::barrier() {
     char got = 0;
     if (peer != rank_) recv(peer, &got, 1);
   }
+}
+
+void Rank::check_peers(const std::string& waiting_for) {
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    pollfd p{.fd = links_[static_cast<std::size_t>(peer)], .events = POLLRDHUP, .revents = 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0)
+      throw CheckError("rank " + std::to_string(peer) +
+                       " died or left the case while this rank waited for " + waiting_for);
+  }
+  if (Clock::now() > deadline_)
+    throw CheckError(waiting_for + ": not done before the case's deadline");
 }
 
 std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds timeout,

@@ -4,8 +4,10 @@
 // service thread, and isend/irecv/test on a progress thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -35,12 +37,21 @@ class Rank {
   void send(int peer, const void* data, std::size_t size);
   void recv(int peer, void* data, std::size_t size);
   void barrier();
+  // Throws CheckError once another rank's socket closed (it died or left the case): waiting
+  // loops call it so that a dead peer ends the case at once, naming it.
+  void check_peers(const std::string& waiting_for);
+  // check_peers() now and then, and the deadline: for loops that poll the plugin.
+  void keep_waiting(const std::string& waiting_for) {
+    if ((spins_.fetch_add(1, std::memory_order_relaxed) & 1023) != 1023) return;
+    check_peers(waiting_for);
+  }
 
  private:
   int rank_;
   int size_;
   std::vector<int> links_;  // socket to each rank (-1 for this one)
   Clock::time_point deadline_;
+  std::atomic<std::uint64_t> spins_{0};  // progress threads share the rank
 };
 
 // Runs `body` in `ranks` forked processes. Returns an empty string when every rank passed,
