@@ -24,6 +24,7 @@ struct Options {
   int cycles = 50;
   std::string kill_in;  // a case in which rank 1 kills itself (shows the peer-death error)
   bool quiet = false;
+  bool leak_check = false;  // LeakSanitizer in each rank (ASan builds)
 };
 
 // A send comm to one rank and a receive comm from another (or the same).

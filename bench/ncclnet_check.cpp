@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
                  "rank 1 kills itself in this case (shows the error)");
   app.add_flag("-v", verbose, "print the plugin's INFO lines");
   app.add_flag("-q,--quiet", options.quiet, "only a line per case");
+  app.add_flag("--leak-check", options.leak_check,
+               "ASan builds: LeakSanitizer in every rank before it exits");
   app.add_flag("--bw", bandwidth, "bandwidth mode instead of the cases");
   app.add_option("-S", bw_sizes, "bandwidth sizes: N or l:a,b,c (default l:64k,256k,1m,4m)");
   app.add_option("-I", bw.iterations, "iterations per size (default 20000/2000/200 by size)");
@@ -191,12 +193,15 @@ int main(int argc, char** argv) {
       std::printf("case %s (%d ranks): %s\n", c->name.c_str(), c->ranks, c->description.c_str());
       std::fflush(stdout);
       const auto start = Clock::now();
-      const std::string error = run_ranks(c->name, c->ranks, options.timeout, [&](Rank& rank) {
-        if (c->standalone) return c->standalone(rank, options);
-        Plugin plugin(options.plugin, options.version);
-        plugin.init();
-        c->body(plugin, rank, options);
-      });
+      const std::string error = run_ranks(
+          c->name, c->ranks, options.timeout,
+          [&](Rank& rank) {
+            if (c->standalone) return c->standalone(rank, options);
+            Plugin plugin(options.plugin, options.version);
+            plugin.init();
+            c->body(plugin, rank, options);
+          },
+          options.leak_check);
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       if (error.empty()) {
         std::printf("  ok (%.2f s)\n", seconds);

@@ -11,6 +11,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NCCLNET_LEAK_CHECK 1
+#include <sanitizer/lsan_interface.h>
+#endif
+#endif
+
 namespace ncclnet {
 namespace {
 
@@ -88,7 +95,7 @@ void Rank::check_peers(const std::string& waiting_for) {
 }
 
 std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds timeout,
-                      const std::function<void(Rank&)>& body) {
+                      const std::function<void(Rank&)>& body, bool leak_check) {
   // links[a][b]: rank a's end of the socket to rank b.
   std::vector<std::vector<int>> links(static_cast<std::size_t>(ranks),
                                       std::vector<int>(static_cast<std::size_t>(ranks), -1));
@@ -117,6 +124,16 @@ std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds t
         std::fprintf(stderr, "ncclnet_check: case %s, rank %d: %s\n", name.c_str(), r, e.what());
         status = 1;
       }
+#ifdef NCCLNET_LEAK_CHECK
+      // _exit skips LeakSanitizer's exit check; a rank checks its own leaks here.
+      if (leak_check && status == 0 && __lsan_do_recoverable_leak_check() != 0) {
+        std::fprintf(stderr, "ncclnet_check: case %s, rank %d: LeakSanitizer found leaks\n",
+                     name.c_str(), r);
+        status = 1;
+      }
+#else
+      (void)leak_check;
+#endif
       std::fflush(nullptr);
       ::_exit(status);
     }

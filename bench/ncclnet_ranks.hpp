@@ -57,8 +57,10 @@ class Rank {
 // Runs `body` in `ranks` forked processes. Returns an empty string when every rank passed,
 // else the error naming the case and the rank(s). Bounded: after `timeout` (or a few
 // seconds after the first rank failed) the rest are killed.
+// `leak_check`: in an ASan build each rank runs LeakSanitizer before it exits (ranks end with
+// _exit, which skips the exit-time check).
 std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds timeout,
-                      const std::function<void(Rank&)>& body);
+                      const std::function<void(Rank&)>& body, bool leak_check = false);
 
 // The proxy's progress thread: run() executes a task there and waits for it (rethrowing).
 class ProgressThread {

@@ -64,6 +64,13 @@ Registry& Registry::get() {
   return registry;
 }
 
+// loom's logger and sink are process statics too: creating them before the registry means
+// they are destroyed after it at exit, so closing the contexts here may still log.
+Registry::Registry() {
+  set_log_sink(nullptr, nullptr);
+  set_log_level("warn");
+}
+
 Registry::~Registry() {
   // dlclose or exit: loom must not call a logger whose library may be gone.
   set_log_sink(nullptr, nullptr);

@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -73,7 +74,7 @@ class Registry {
   void log(abi::LogLevel level, const std::string& message);
 
  private:
-  Registry() = default;
+  Registry();
   void check_device(int dev) const;  // throws std::invalid_argument
   void open_locked();
   static void sink(LogLevel level, std::string_view message, void* user);
@@ -89,7 +90,7 @@ class Registry {
   int inits_ = 0;       // v11 init contexts alive (v8-v10 count their one init)
   int open_comms_ = 0;  // listeners and communicators not yet closed
   std::unique_ptr<Context> base_;
-  std::vector<Device> devices_;
+  std::deque<Device> devices_;  // stable: NCCL keeps the name and pciPath pointers
   std::map<int, std::unique_ptr<Context>> device_contexts_;  // devices other than the base
   std::map<const void*, PendingConnect> pending_;
 };
