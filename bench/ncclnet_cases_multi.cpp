@@ -91,6 +91,17 @@ void comms32_case(Plugin& plugin, Rank& rank, const Options& options) {
         }
     });
   }
+  // Meanwhile the service thread registers and deregisters on the same comms, as NCCL does
+  // for user buffers while their channels carry traffic.
+  std::vector<std::uint8_t> extra(1 << 16);
+  for (int round = 0; round < 4; ++round)
+    for (auto& link : links) {
+      Buffer a(plugin, link.send, 0);
+      Buffer b(plugin, link.recv, 0);
+      void* mh = nullptr;
+      check(plugin.reg_mr(link.recv, extra.data(), extra.size(), &mh), "regMr beside traffic");
+      check(plugin.dereg_mr(link.recv, mh), "deregMr beside traffic");
+    }
   for (auto& t : threads) t.join();
   if (!options.quiet && rank.rank() == 0)
     std::printf(
@@ -283,7 +294,8 @@ void cycles_case(Rank& rank, const Options& options) {
 std::vector<Case> multi_comm_cases() {
   return {
       {"ring4", 4, "ring of 4 processes: listen, connect to next, accept from previous", ring_case},
-      {"comms32", 2, "32 comms each way to one peer, 4 progress threads at once", comms32_case},
+      {"comms32", 2, "32 comms each way to one peer, 4 progress threads at once, regMr beside them",
+       comms32_case},
       {"close-inflight", 2, "close with requests in flight, then connect again",
        close_inflight_case},
       {"multi-accept", 2, "3 accepts on one listen comm", multi_accept_case},
