@@ -218,6 +218,36 @@ void multi_accept_case(Plugin& plugin, Rank& rank, const Options& options) {
   }
 }
 
+// v9+: makeVDevice fusing device `dev` (every device, up to 4, when there are several), then
+// a transfer over the virtual device; its properties must list the fused devices.
+void vdevice_case(Plugin& plugin, Rank& rank, const Options& options) {
+  if (plugin.version() < 9) {
+    if (!options.quiet && rank.rank() == 0)
+      std::printf("  skipped: ncclNet v%d has no makeVDevice\n", plugin.version());
+    return;
+  }
+  std::vector<int> devs;
+  const int n = plugin.devices();
+  for (int d = 0; d < n && devs.size() < abi::kMaxDevsPerNic; ++d) devs.push_back(d);
+  const int vdev = plugin.make_vdevice(devs);
+  const DeviceProps props = plugin.properties(vdev);
+  if (props.vdevs.size() != devs.size())
+    throw CheckError("virtual device " + std::to_string(vdev) + " lists " +
+                     std::to_string(props.vdevs.size()) + " devices, fused " +
+                     std::to_string(devs.size()));
+  const int peer = 1 - rank.rank();
+  auto links = establish(plugin, rank, vdev, peer, peer);
+  ProgressThread progress;
+  progress.run([&] {
+    exchange(plugin, rank, links[0], 1 << 20, rank.rank() + 7u, peer + 7u, "virtual device");
+  });
+  if (!options.quiet && rank.rank() == 0)
+    std::printf("  device %d fuses %zu device(s) (%s); 1 MiB each way checked\n", vdev, devs.size(),
+                props.name.c_str());
+  rank.barrier();
+  close_links(plugin, links);
+}
+
 std::size_t count_entries(const char* dir) {
   std::size_t n = 0;
   if (DIR* d = ::opendir(dir)) {
@@ -298,6 +328,7 @@ std::vector<Case> multi_comm_cases() {
        comms32_case},
       {"close-inflight", 2, "close with requests in flight, then connect again",
        close_inflight_case},
+      {"vdevice", 2, "makeVDevice (v9+) and a transfer over the virtual device", vdevice_case},
       {"multi-accept", 2, "3 accepts on one listen comm", multi_accept_case},
       {"cycles", 2, "dlopen -> init -> connect -> transfer -> close -> dlclose cycles", nullptr,
        cycles_case},

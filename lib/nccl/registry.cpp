@@ -126,7 +126,13 @@ void Registry::open_locked() {
 void Registry::finalize() {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (inits_ > 0) --inits_;
-  if (inits_ > 0 || open_comms_ > 0) return;
+  finalized_ = true;
+  close_if_unused_locked();
+}
+
+// After v11's last finalize, the contexts go with the last open communicator.
+void Registry::close_if_unused_locked() noexcept {
+  if (!finalized_ || inits_ > 0 || open_comms_ > 0 || !base_) return;
   pending_.clear();
   device_contexts_.clear();
   base_.reset();
@@ -141,6 +147,7 @@ void Registry::opened() noexcept {
 void Registry::closed() noexcept {
   const std::lock_guard<std::mutex> lock(mutex_);
   --open_comms_;
+  close_if_unused_locked();
 }
 
 void Registry::check_device(int dev) const {

@@ -77,6 +77,7 @@ class Registry {
   Registry();
   void check_device(int dev) const;  // throws std::invalid_argument
   void open_locked();
+  void close_if_unused_locked() noexcept;
   static void sink(LogLevel level, std::string_view message, void* user);
 
   struct PendingConnect {
@@ -87,8 +88,9 @@ class Registry {
 
   std::mutex mutex_;
   std::atomic<abi::Logger> logger_{nullptr};
-  int inits_ = 0;       // v11 init contexts alive (v8-v10 count their one init)
-  int open_comms_ = 0;  // listeners and communicators not yet closed
+  int inits_ = 0;           // v11 init contexts alive (v8-v10 count their one init)
+  int open_comms_ = 0;      // listeners and communicators not yet closed
+  bool finalized_ = false;  // v11's finalize came (v8-v10 never finalize)
   std::unique_ptr<Context> base_;
   std::deque<Device> devices_;  // stable: NCCL keeps the name and pciPath pointers
   std::map<int, std::unique_ptr<Context>> device_contexts_;  // devices other than the base

@@ -25,10 +25,15 @@ void* release_to_nccl(std::unique_ptr<T> object) {
   return object.release();
 }
 
-template <typename T>
-std::unique_ptr<T> take_back(T* object) {
+// Takes an object back from NCCL and destroys it, then tells the registry (which may close
+// the contexts once the last object is gone).
+template <typename T, typename Close>
+void close_and_free(T* object, Close&& close) {
+  {
+    std::unique_ptr<T> owner(object);
+    close(*owner);
+  }
   Registry::get().closed();
-  return std::unique_ptr<T>(object);
 }
 
 }  // namespace
@@ -131,8 +136,7 @@ abi::Result connect(int dev, void* handle, void** send_comm, abi::DeviceHandle**
   return guard("connect", [&] {
     if (handle == nullptr || send_comm == nullptr) throw InvalidArgument("NULL argument");
     *send_comm = nullptr;
-    if (dev_comm != nullptr && *dev_comm != nullptr)
-      throw InvalidArgument("device offload requested; loom offers host devices only");
+    (void)dev_comm;  // offload handles come only with a non-HOST netDeviceType: left alone
     std::unique_ptr<SendComm> comm = Registry::get().connect(dev, handle);
     if (comm) *send_comm = release_to_nccl(std::make_unique<NetComm>(Kind::kSend, std::move(comm)));
     return abi::kSuccess;
@@ -143,8 +147,7 @@ abi::Result accept(void* listen_comm, void** recv_comm, abi::DeviceHandle** dev_
   return guard("accept", [&] {
     if (recv_comm == nullptr) throw InvalidArgument("NULL argument");
     *recv_comm = nullptr;
-    if (dev_comm != nullptr && *dev_comm != nullptr)
-      throw InvalidArgument("device offload requested; loom offers host devices only");
+    (void)dev_comm;  // offload handles come only with a non-HOST netDeviceType: left alone
     auto& listener = expect<ListenComm>(listen_comm, Kind::kListen, "listen comm");
     std::unique_ptr<RecvComm> comm = listener.listener.accept();
     if (comm) *recv_comm = release_to_nccl(std::make_unique<NetComm>(Kind::kRecv, std::move(comm)));
@@ -197,24 +200,24 @@ abi::Result dereg_mr(void* comm, void* mhandle) {
 
 abi::Result close_send(void* send_comm) {
   return guard("closeSend", [&] {
-    auto owner = take_back(&expect<NetComm>(send_comm, Kind::kSend, "send comm"));
-    owner->comm().close();
+    close_and_free(&expect<NetComm>(send_comm, Kind::kSend, "send comm"),
+                   [](NetComm& comm) { comm.comm().close(); });
     return abi::kSuccess;
   });
 }
 
 abi::Result close_recv(void* recv_comm) {
   return guard("closeRecv", [&] {
-    auto owner = take_back(&expect<NetComm>(recv_comm, Kind::kRecv, "receive comm"));
-    owner->comm().close();
+    close_and_free(&expect<NetComm>(recv_comm, Kind::kRecv, "receive comm"),
+                   [](NetComm& comm) { comm.comm().close(); });
     return abi::kSuccess;
   });
 }
 
 abi::Result close_listen(void* listen_comm) {
   return guard("closeListen", [&] {
-    auto owner = take_back(&expect<ListenComm>(listen_comm, Kind::kListen, "listen comm"));
-    owner->listener.close();
+    close_and_free(&expect<ListenComm>(listen_comm, Kind::kListen, "listen comm"),
+                   [](ListenComm& comm) { comm.listener.close(); });
     return abi::kSuccess;
   });
 }
