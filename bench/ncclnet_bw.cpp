@@ -21,6 +21,7 @@ namespace ncclnet {
 namespace {
 
 constexpr std::size_t kHuge = 2u << 20;
+const std::string kSendWait = "bw isend", kRecvWait = "bw irecv", kAckWait = "bw ack";
 
 // An anonymous 2 MiB-aligned mapping.
 class HugeBuffer {
@@ -86,18 +87,19 @@ void client(Plugin& plugin, Rank& rank, Link& link, const BwOptions& o, std::vec
     const std::size_t iterations = o.iterations > 0 ? o.iterations : default_iterations(size);
     Row row{size, iterations, 0};
     progress.run([&] {
+      // As fi_p2p_bw: the ack's receive is posted first and waited for last.
+      std::array<void*, 1024> requests{};
       auto window = [&](std::size_t count) {
-        std::array<void*, 1024> requests{};
-        for (std::size_t i = 0; i < count; ++i)
-          requests[i] = post_send(plugin, link.send, buffer.data(), size, 1, mr.get(), rank);
-        for (std::size_t i = 0; i < count; ++i)
-          wait_done(plugin, requests[i], nullptr, "bw isend", rank);
         void* data = ack.data();
         std::size_t capacity = 4;
         int tag = 2;
         void* mh = ack_mr.get();
-        void* request = post_recv(plugin, link.recv, 1, &data, &capacity, &tag, &mh, rank);
-        wait_done(plugin, request, nullptr, "bw ack", rank);
+        void* ack_request = post_recv(plugin, link.recv, 1, &data, &capacity, &tag, &mh, rank);
+        for (std::size_t i = 0; i < count; ++i)
+          requests[i] = post_send(plugin, link.send, buffer.data(), size, 1, mr.get(), rank);
+        for (std::size_t i = 0; i < count; ++i)
+          wait_done(plugin, requests[i], nullptr, kSendWait, rank);
+        wait_done(plugin, ack_request, nullptr, kAckWait, rank);
       };
       for (std::size_t done = 0; done < o.warmup;) {
         const std::size_t n = std::min(o.window, o.warmup - done);
@@ -159,12 +161,13 @@ void server(Plugin& plugin, Rank& rank, Link& link, const BwOptions& o) {
         ++next;
       };
       while (next < windows.size() && posted.size() < ahead) post();
+      // As fi_p2p_bw: wait for a window, ack it, then post the one after the next.
       while (!posted.empty()) {
-        for (void* r : posted.front()) wait_done(plugin, r, nullptr, "bw irecv", rank);
+        for (void* r : posted.front()) wait_done(plugin, r, nullptr, kRecvWait, rank);
         posted.pop_front();
         void* request = post_send(plugin, link.send, ack.data(), 4, 2, ack_mr.get(), rank);
+        wait_done(plugin, request, nullptr, kAckWait, rank);
         while (next < windows.size() && posted.size() < ahead) post();
-        wait_done(plugin, request, nullptr, "bw ack", rank);
       }
     });
   }
