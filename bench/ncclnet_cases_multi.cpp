@@ -284,6 +284,8 @@ void cycles_case(Rank& rank, const Options& options) {
                  rank.rank() * 1000u + c, peer * 1000u + c, "cycle " + std::to_string(c));
       });
       rank.barrier();
+      // Odd cycles finalize (v11) before closing: the plugin must keep what open comms use.
+      if (c % 2 == 1) plugin.finalize();
       close_links(plugin, links);
     }
     unloaded = unloaded && ::dlopen(options.plugin.c_str(), RTLD_NOW | RTLD_NOLOAD) == nullptr;

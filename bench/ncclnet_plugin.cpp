@@ -111,9 +111,14 @@ Plugin::Plugin(const std::string& path, int version) {
 }
 
 Plugin::~Plugin() {
+  finalize();
+  dlclose(library_);
+}
+
+void Plugin::finalize() {
   const auto* v11 = static_cast<const abi::NetV11*>(table_);
   if (version_ == 11 && context_ != nullptr && v11->finalize != nullptr) v11->finalize(context_);
-  dlclose(library_);
+  context_ = nullptr;
 }
 
 // Calls member `f` of whichever table this plugin exports, with the same arguments.

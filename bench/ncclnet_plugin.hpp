@@ -63,6 +63,8 @@ class Plugin {
   [[nodiscard]] const char* name() const noexcept;
 
   void init();  // throws CheckError ("init: ncclInternalError")
+  // v11: finalize the init context now (the destructor does it otherwise); no-op before v11.
+  void finalize();
   int devices();
   DeviceProps properties(int dev);
   int make_vdevice(std::span<const int> devs);  // v9+; throws CheckError before
