@@ -3,5 +3,6 @@
 
 #include "loom/config.hpp"
 #include "loom/error.hpp"
+#include "loom/log.hpp"
 #include "loom/memory.hpp"
 #include "loom/p2p.hpp"

@@ -1,0 +1,363 @@
+// Shared helpers and the single-communicator cases: sizes, grouped receives, a window of
+// requests with NULL-request retries, a message larger than its receive buffer.
+#include "ncclnet_cases.hpp"
+
+#include <array>
+#include <cinttypes>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+namespace ncclnet {
+
+// ---- helpers ----
+
+std::vector<Link> establish(Plugin& plugin, Rank& rank, int dev, int to, int from, int count) {
+  std::vector<Link> links(static_cast<std::size_t>(count));
+  std::vector<std::array<std::uint8_t, abi::kHandleMaxBytes>> mine(links.size()),
+      theirs(links.size());
+  for (std::size_t i = 0; i < links.size(); ++i)
+    check(plugin.listen(dev, mine[i].data(), &links[i].listen), "listen");
+  for (auto& handle : mine) rank.send(from, handle.data(), handle.size());
+  for (auto& handle : theirs) rank.recv(to, handle.data(), handle.size());
+  std::size_t pending = 2 * links.size();
+  while (pending > 0) {
+    for (std::size_t i = 0; i < links.size(); ++i) {
+      if (links[i].send == nullptr) {
+        check(plugin.connect(dev, theirs[i].data(), &links[i].send),
+              "connect to rank " + std::to_string(to));
+        if (links[i].send != nullptr) --pending;
+      }
+      if (links[i].recv == nullptr) {
+        check(plugin.accept(links[i].listen, &links[i].recv),
+              "accept from rank " + std::to_string(from));
+        if (links[i].recv != nullptr) --pending;
+      }
+    }
+    rank.keep_waiting("connect/accept");
+  }
+  return links;
+}
+
+void close_links(Plugin& plugin, std::vector<Link>& links) {
+  for (auto& link : links) {
+    if (link.send != nullptr) check(plugin.close_send(link.send), "closeSend");
+    if (link.recv != nullptr) check(plugin.close_recv(link.recv), "closeRecv");
+    if (link.listen != nullptr) check(plugin.close_listen(link.listen), "closeListen");
+    link = Link{};
+  }
+}
+
+Buffer::Buffer(Plugin& plugin, void* comm, std::size_t size)
+    : plugin_(plugin), comm_(comm), bytes_(std::max<std::size_t>(size, 1)) {
+  check(plugin_.reg_mr(comm_, bytes_.data(), bytes_.size(), &mhandle_), "regMr");
+}
+
+Buffer::~Buffer() {
+  deregister();
+}
+
+void Buffer::deregister() {
+  if (mhandle_ != nullptr) plugin_.dereg_mr(comm_, mhandle_);
+  mhandle_ = nullptr;
+}
+
+void fill(std::uint8_t* data, std::size_t size, std::uint32_t seed) {
+  std::uint32_t x = seed * 2654435761u + 1;
+  for (std::size_t i = 0; i < size; ++i) {
+    x = x * 1664525u + 1013904223u;
+    data[i] = static_cast<std::uint8_t>(x >> 24);
+  }
+}
+
+void verify(const std::uint8_t* data, std::size_t size, std::uint32_t seed,
+            const std::string& what) {
+  std::uint32_t x = seed * 2654435761u + 1;
+  for (std::size_t i = 0; i < size; ++i) {
+    x = x * 1664525u + 1013904223u;
+    const auto expected = static_cast<std::uint8_t>(x >> 24);
+    if (data[i] != expected) {
+      char text[160];
+      std::snprintf(text, sizeof(text), ": byte %zu of %zu is 0x%02x, expected 0x%02x", i, size,
+                    data[i], expected);
+      throw CheckError(what + text);
+    }
+  }
+}
+
+void* post_send(Plugin& plugin, void* comm, void* data, std::size_t size, int tag, void* mhandle,
+                Rank& rank, std::size_t* retries) {
+  while (true) {
+    void* request = nullptr;
+    check(plugin.isend(comm, data, size, tag, mhandle, &request), "isend");
+    if (request != nullptr) return request;
+    if (retries != nullptr) ++*retries;
+    rank.keep_waiting("isend to return a request");
+  }
+}
+
+void* post_recv(Plugin& plugin, void* comm, int n, void** data, std::size_t* sizes, int* tags,
+                void** mhandles, Rank& rank, std::size_t* retries) {
+  while (true) {
+    void* request = nullptr;
+    check(plugin.irecv(comm, n, data, sizes, tags, mhandles, &request), "irecv");
+    if (request != nullptr) return request;
+    if (retries != nullptr) ++*retries;
+    rank.keep_waiting("irecv to return a request");
+  }
+}
+
+abi::Result wait_result(Plugin& plugin, void* request, int* sizes, const std::string& what,
+                        Rank& rank) {
+  while (true) {
+    int done = 0;
+    const abi::Result result = plugin.test(request, &done, sizes);
+    if (result != abi::kSuccess || done) return result;
+    rank.keep_waiting(what);
+  }
+}
+
+void wait_done(Plugin& plugin, void* request, int* sizes, const std::string& what, Rank& rank) {
+  check(wait_result(plugin, request, sizes, what, rank), what);
+}
+
+namespace {
+
+constexpr std::size_t kCanary = 64;
+constexpr std::uint8_t kCanaryByte = 0xEE;
+
+void check_canary(const std::uint8_t* data, std::size_t size, const std::string& what) {
+  for (std::size_t i = 0; i < size; ++i)
+    if (data[i] != kCanaryByte)
+      throw CheckError(what + ": byte " + std::to_string(i) + " past the message was written");
+}
+
+// Rank 0 sends each size to rank 1 into a buffer 64 bytes larger; rank 1 checks the reported
+// size, every byte and that nothing past the message changed.
+void sizes_case(Plugin& plugin, Rank& rank, const Options& options) {
+  const int peer = 1 - rank.rank();
+  auto links = establish(plugin, rank, options.dev, peer, peer);
+  ProgressThread progress;
+  if (options.kill_in == "sizes" && rank.rank() == 1) ::raise(SIGKILL);
+  for (std::size_t m = 0; m < options.sizes.size(); ++m) {
+    const std::size_t size = options.sizes[m];
+    const auto seed = static_cast<std::uint32_t>(m + 1);
+    const int tag = static_cast<int>(m + 1);
+    const std::string what = "message of " + std::to_string(size) + " bytes";
+    if (rank.rank() == 0) {
+      Buffer buffer(plugin, links[0].send, size);
+      fill(buffer.data(), size, seed);
+      progress.run([&] {
+        int sent = -1;
+        void* request =
+            post_send(plugin, links[0].send, buffer.data(), size, tag, buffer.mhandle(), rank);
+        wait_done(plugin, request, &sent, "isend of " + what, rank);
+      });
+    } else {
+      Buffer buffer(plugin, links[0].recv, size + kCanary);
+      std::memset(buffer.data(), kCanaryByte, buffer.size());
+      int got = -1;
+      progress.run([&] {
+        void* data = buffer.data();
+        std::size_t capacity = buffer.size();
+        int recv_tag = tag;
+        void* mh = buffer.mhandle();
+        void* request = post_recv(plugin, links[0].recv, 1, &data, &capacity, &recv_tag, &mh, rank);
+        wait_done(plugin, request, &got, "irecv of " + what, rank);
+      });
+      if (got != static_cast<int>(size))
+        throw CheckError(what + ": test() reported " + std::to_string(got) + " bytes");
+      verify(buffer.data(), size, seed, what);
+      check_canary(buffer.data() + size, kCanary, what);
+      if (!options.quiet)
+        std::printf("  %-10zu bytes into a %zu-byte buffer: size %d reported, every byte checked\n",
+                    size, buffer.size(), got);
+    }
+  }
+  rank.barrier();
+  close_links(plugin, links);
+}
+
+// irecv of n = 2..8 buffers against n isends carrying the buffers' tags, sizes mixing eager
+// and rendezvous messages, each buffer larger than its message.
+void grouped_case(Plugin& plugin, Rank& rank, const Options& options) {
+  const int peer = 1 - rank.rank();
+  auto links = establish(plugin, rank, options.dev, peer, peer);
+  ProgressThread progress;
+  constexpr std::array<std::size_t, 8> kSizes = {1, 4096, 70000, 0, 300000, 17, 65536, 1 << 20};
+  for (int n = 2; n <= 8; ++n) {
+    std::vector<std::unique_ptr<Buffer>> buffers;
+    for (int i = 0; i < n; ++i)
+      buffers.push_back(std::make_unique<Buffer>(plugin,
+                                                 rank.rank() == 0 ? links[0].send : links[0].recv,
+                                                 kSizes[static_cast<std::size_t>(i)] + kCanary));
+    auto seed = [&](int i) { return static_cast<std::uint32_t>(100 * n + i); };
+    auto tag = [&](int i) { return 1000 * n + 7 * i; };
+    if (rank.rank() == 0) {
+      progress.run([&] {
+        std::vector<void*> requests;
+        for (int i = 0; i < n; ++i) {
+          fill(buffers[i]->data(), kSizes[i], seed(i));
+          requests.push_back(post_send(plugin, links[0].send, buffers[i]->data(), kSizes[i], tag(i),
+                                       buffers[i]->mhandle(), rank));
+        }
+        for (auto* r : requests) wait_done(plugin, r, nullptr, "grouped isend", rank);
+      });
+    } else {
+      std::array<int, 8> got{};
+      progress.run([&] {
+        std::array<void*, 8> data{}, mhs{};
+        std::array<std::size_t, 8> capacity{};
+        std::array<int, 8> tags{};
+        for (int i = 0; i < n; ++i) {
+          std::memset(buffers[i]->data(), kCanaryByte, buffers[i]->size());
+          data[i] = buffers[i]->data();
+          capacity[i] = buffers[i]->size();
+          tags[i] = tag(i);
+          mhs[i] = buffers[i]->mhandle();
+        }
+        void* request = post_recv(plugin, links[0].recv, n, data.data(), capacity.data(),
+                                  tags.data(), mhs.data(), rank);
+        wait_done(plugin, request, got.data(), "grouped irecv of " + std::to_string(n), rank);
+      });
+      for (int i = 0; i < n; ++i) {
+        const std::string what =
+            "grouped irecv n=" + std::to_string(n) + " buffer " + std::to_string(i);
+        if (got[i] != static_cast<int>(kSizes[i]))
+          throw CheckError(what + ": size " + std::to_string(got[i]) + ", sent " +
+                           std::to_string(kSizes[i]));
+        verify(buffers[i]->data(), kSizes[i], seed(i), what);
+        check_canary(buffers[i]->data() + kSizes[i], kCanary, what);
+      }
+      if (!options.quiet)
+        std::printf("  irecv n=%d: %d messages with their tags, sizes and bytes checked\n", n, n);
+    }
+  }
+  rank.barrier();
+  close_links(plugin, links);
+}
+
+// 32 requests in flight per comm over 256 messages, then a burst posted without testing until
+// the plugin answers with NULL requests (its limit), retried after testing the oldest.
+void window_case(Plugin& plugin, Rank& rank, const Options& options) {
+  const int peer = 1 - rank.rank();
+  auto links = establish(plugin, rank, options.dev, peer, peer);
+  ProgressThread progress;
+  constexpr std::size_t kMessages = 448;
+  constexpr std::size_t kWindow = 32;
+  constexpr std::size_t kSize = 4096;
+  const bool sender = rank.rank() == 0;
+  void* comm = sender ? links[0].send : links[0].recv;
+  std::vector<std::unique_ptr<Buffer>> slots;
+  for (std::size_t i = 0; i < 256; ++i)
+    slots.push_back(std::make_unique<Buffer>(plugin, comm, kSize + 8));
+  std::size_t retries = 0;
+  std::size_t most_in_flight = 0;
+  progress.run([&] {
+    std::vector<std::pair<void*, std::size_t>> pending;  // request, message
+    auto complete_oldest = [&] {
+      int got = -1;
+      const auto [request, m] = pending.front();
+      wait_done(plugin, request, &got, "message " + std::to_string(m), rank);
+      const std::size_t size = kSize - m % 7;
+      if (got != static_cast<int>(size))
+        throw CheckError("message " + std::to_string(m) + ": size " + std::to_string(got));
+      if (!sender)
+        verify(slots[m % slots.size()]->data(), size, static_cast<std::uint32_t>(m),
+               "message " + std::to_string(m));
+      pending.erase(pending.begin());
+    };
+    for (std::size_t m = 0; m < kMessages; ++m) {
+      const bool burst = m >= 256;
+      while (!burst && pending.size() >= kWindow) complete_oldest();
+      if (pending.size() >= slots.size()) complete_oldest();
+      Buffer& buffer = *slots[m % slots.size()];
+      const std::size_t size = kSize - m % 7;
+      void* request = nullptr;
+      while (request == nullptr) {
+        if (sender) {
+          fill(buffer.data(), size, static_cast<std::uint32_t>(m));
+          check(plugin.isend(comm, buffer.data(), size, 5, buffer.mhandle(), &request), "isend");
+        } else {
+          void* data = buffer.data();
+          std::size_t capacity = buffer.size();
+          int tag = 5;
+          void* mh = buffer.mhandle();
+          check(plugin.irecv(comm, 1, &data, &capacity, &tag, &mh, &request), "irecv");
+        }
+        if (request == nullptr) {  // the plugin's limit: NCCL tests and posts again later
+          ++retries;
+          if (pending.empty()) throw CheckError("NULL request with nothing in flight");
+          complete_oldest();
+        }
+      }
+      pending.emplace_back(request, m);
+      most_in_flight = std::max(most_in_flight, pending.size());
+    }
+    while (!pending.empty()) complete_oldest();
+  });
+  if (!options.quiet)
+    std::printf("  %s: %zu messages, up to %zu in flight, %zu NULL-request retries\n",
+                sender ? "sender" : "receiver", kMessages, most_in_flight, retries);
+  slots.clear();  // deregister before the comm closes
+  rank.barrier();
+  close_links(plugin, links);
+}
+
+// 8192 bytes sent into a 4096-byte buffer: the receive must fail, not deliver 4096 bytes.
+void truncation_case(Plugin& plugin, Rank& rank, const Options& options) {
+  const int peer = 1 - rank.rank();
+  auto links = establish(plugin, rank, options.dev, peer, peer);
+  ProgressThread progress;
+  constexpr std::size_t kMessage = 8192, kBuffer = 4096;
+  if (rank.rank() == 0) {
+    Buffer buffer(plugin, links[0].send, kMessage);
+    fill(buffer.data(), kMessage, 9);
+    abi::Result result = abi::kSuccess;
+    progress.run([&] {
+      void* request =
+          post_send(plugin, links[0].send, buffer.data(), kMessage, 3, buffer.mhandle(), rank);
+      result = wait_result(plugin, request, nullptr, "isend of the oversized message", rank);
+    });
+    if (!options.quiet) std::printf("  sender: %s\n", result_name(result));
+  } else {
+    Buffer buffer(plugin, links[0].recv, kBuffer);
+    std::memset(buffer.data(), kCanaryByte, kBuffer);
+    int got = -1;
+    abi::Result result = abi::kSuccess;
+    progress.run([&] {
+      void* data = buffer.data();
+      std::size_t capacity = kBuffer;
+      int tag = 3;
+      void* mh = buffer.mhandle();
+      void* request = post_recv(plugin, links[0].recv, 1, &data, &capacity, &tag, &mh, rank);
+      result = wait_result(plugin, request, &got, "irecv into the small buffer", rank);
+    });
+    if (result == abi::kSuccess)
+      throw CheckError("an 8192-byte message into a 4096-byte buffer completed (size " +
+                       std::to_string(got) + "): a truncation, not an error");
+    bool untouched = true;
+    for (std::size_t i = 0; i < kBuffer; ++i)
+      untouched = untouched && buffer.data()[i] == kCanaryByte;
+    if (!options.quiet)
+      std::printf("  receiver: %s; buffer %s\n", result_name(result),
+                  untouched ? "untouched" : "partly written");
+  }
+  rank.barrier();
+  close_links(plugin, links);
+}
+
+}  // namespace
+
+std::vector<Case> single_comm_cases() {
+  return {
+      {"sizes", 2, "sizes 0..64 MiB+3 into larger buffers, every byte and size checked",
+       sizes_case},
+      {"grouped", 2, "irecv of n = 2..8 buffers against n tagged isends", grouped_case},
+      {"window", 2, "32 requests in flight, then a burst to the NULL-request limit", window_case},
+      {"truncation", 2, "a message larger than its receive buffer is an error", truncation_case},
+  };
+}
+
+}  // namespace ncclnet

@@ -1,0 +1,91 @@
+// ncclnet_check's conformance cases and the helpers they share: connection setup the way
+// NCCL's proxy does it (non-blocking listen/connect/accept polled on the service thread),
+// registered buffers with per-message byte patterns, bounded waits.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ncclnet_plugin.hpp"
+#include "ncclnet_ranks.hpp"
+
+namespace ncclnet {
+
+struct Options {
+  std::string plugin;
+  int version = 0;  // 0: newest the plugin exports
+  int dev = 0;
+  std::chrono::seconds timeout{60};
+  std::vector<std::size_t> sizes;  // the sizes case
+  int cycles = 50;
+  std::string kill_in;  // a case in which rank 1 kills itself (shows the peer-death error)
+  bool quiet = false;
+  bool leak_check = false;  // LeakSanitizer in each rank (ASan builds)
+};
+
+// A send comm to one rank and a receive comm from another (or the same).
+struct Link {
+  void* send = nullptr;
+  void* recv = nullptr;
+  void* listen = nullptr;
+};
+
+// Opens `count` links: listens `count` times, gives the handles to `from` (who connects to
+// them), takes `to`'s handles and connects to them, and polls connect/accept until all are up.
+std::vector<Link> establish(Plugin& plugin, Rank& rank, int dev, int to, int from, int count = 1);
+void close_links(Plugin& plugin, std::vector<Link>& links);
+
+// A registered host buffer.
+class Buffer {
+ public:
+  Buffer(Plugin& plugin, void* comm, std::size_t size);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  [[nodiscard]] std::uint8_t* data() noexcept { return bytes_.data(); }
+  [[nodiscard]] std::size_t size() const noexcept { return bytes_.size(); }
+  [[nodiscard]] void* mhandle() const noexcept { return mhandle_; }
+  void deregister();  // now rather than at destruction (before closing the comm)
+
+ private:
+  Plugin& plugin_;
+  void* comm_;
+  std::vector<std::uint8_t> bytes_;
+  void* mhandle_ = nullptr;
+};
+
+void fill(std::uint8_t* data, std::size_t size, std::uint32_t seed);
+// Throws CheckError naming the first wrong byte.
+void verify(const std::uint8_t* data, std::size_t size, std::uint32_t seed,
+            const std::string& what);
+
+// Calls isend/irecv until the plugin gives a request (NULL = retry); counts the retries.
+void* post_send(Plugin& plugin, void* comm, void* data, std::size_t size, int tag, void* mhandle,
+                Rank& rank, std::size_t* retries = nullptr);
+void* post_recv(Plugin& plugin, void* comm, int n, void** data, std::size_t* sizes, int* tags,
+                void** mhandles, Rank& rank, std::size_t* retries = nullptr);
+// test() until done. Throws CheckError on an error result or at the case's deadline.
+void wait_done(Plugin& plugin, void* request, int* sizes, const std::string& what, Rank& rank);
+// test() until done; returns the result instead of throwing on an error result.
+abi::Result wait_result(Plugin& plugin, void* request, int* sizes, const std::string& what,
+                        Rank& rank);
+
+struct Case {
+  std::string name;
+  int ranks = 2;
+  std::string description;
+  std::function<void(Plugin&, Rank&, const Options&)> body;  // per rank, plugin initialised
+  std::function<void(Rank&, const Options&)> standalone;     // or: loads the plugin itself
+};
+
+std::vector<Case> single_comm_cases();  // ncclnet_cases.cpp
+std::vector<Case> multi_comm_cases();   // ncclnet_cases_multi.cpp
+
+// Prints every device's properties (one rank, forked).
+void print_devices(Plugin& plugin);
+
+}  // namespace ncclnet

@@ -1,0 +1,95 @@
+// ncclnet_check's view of an ncclNet plugin: dlopens any plugin .so, takes the newest
+// ncclNetPlugin_vN it exports (v11 down to v8, NCCL's order) and calls it through one
+// version-neutral interface. The ABI layouts come from lib/nccl/abi.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "nccl/abi.hpp"
+
+namespace ncclnet {
+
+namespace abi = loom::nccl::abi;
+
+// A failed check: the message names what failed and why.
+class CheckError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+[[nodiscard]] const char* result_name(abi::Result result);
+// Throws CheckError "<what>: <ncclResult name>" unless `result` is ncclSuccess.
+void check(abi::Result result, const std::string& what);
+
+// NCCL log lines at or below this level are printed (to stderr) by the tool's logger.
+void set_log_verbosity(abi::LogLevel level);
+
+struct DeviceProps {
+  std::string name;
+  std::string pci_path;  // empty when the plugin gave NULL
+  std::uint64_t guid = 0;
+  int ptr_support = 0;
+  int reg_is_global = 0;
+  int force_flush = 0;
+  int speed = 0;
+  int port = 0;
+  float latency = 0;
+  int max_comms = 0;
+  int max_recvs = 0;
+  int device_type = 0;
+  int device_version = 0;
+  std::vector<int> vdevs;
+  std::size_t max_p2p_bytes = 0;
+  std::size_t max_coll_bytes = 0;
+  int max_multi_request = 0;
+};
+
+class Plugin {
+ public:
+  // dlopens `path` (RTLD_NOW | RTLD_LOCAL as NCCL does) and probes ncclNetPlugin_v11..v8.
+  // `version` > 0 takes that version only. Throws CheckError naming the file and the symbols
+  // tried when none is there.
+  explicit Plugin(const std::string& path, int version = 0);
+  ~Plugin();  // closes the v11 context (finalize) and dlcloses
+  Plugin(const Plugin&) = delete;
+  Plugin& operator=(const Plugin&) = delete;
+
+  [[nodiscard]] int version() const noexcept { return version_; }
+  [[nodiscard]] const char* name() const noexcept;
+
+  void init();  // throws CheckError ("init: ncclInternalError")
+  // v11: finalize the init context now (the destructor does it otherwise); no-op before v11.
+  void finalize();
+  int devices();
+  DeviceProps properties(int dev);
+  int make_vdevice(std::span<const int> devs);  // v9+; throws CheckError before
+
+  abi::Result listen(int dev, void* handle, void** comm);
+  abi::Result connect(int dev, void* handle, void** comm);
+  abi::Result accept(void* listen_comm, void** comm);
+  abi::Result reg_mr(void* comm, void* data, std::size_t size, void** mhandle);
+  abi::Result dereg_mr(void* comm, void* mhandle);
+  abi::Result isend(void* comm, void* data, std::size_t size, int tag, void* mhandle,
+                    void** request);
+  abi::Result irecv(void* comm, int n, void** data, std::size_t* sizes, int* tags, void** mhandles,
+                    void** request);
+  abi::Result iflush(void* comm, int n, void** data, int* sizes, void** mhandles, void** request);
+  abi::Result test(void* request, int* done, int* sizes);
+  abi::Result close_send(void* comm);
+  abi::Result close_recv(void* comm);
+  abi::Result close_listen(void* comm);
+
+ private:
+  void* library_ = nullptr;
+  int version_ = 0;
+  const void* table_ = nullptr;
+  void* context_ = nullptr;  // v11 init context
+  bool initialised_ = false;
+};
+
+}  // namespace ncclnet

@@ -1,0 +1,234 @@
+// Setup entries: init/finalize, devices and properties, listen/connect/accept, registration
+// and close. NCCL calls these from its service thread (several communicators' at once).
+#include <cstring>
+#include <type_traits>
+
+#include "nccl/comm.hpp"
+#include "nccl/guard.hpp"
+#include "nccl/registry.hpp"
+
+namespace loom::nccl {
+
+NetComm::NetComm(Kind kind, std::unique_ptr<Communicator> comm)
+    : kind_(kind), comm_(std::move(comm)) {
+  for (std::size_t i = 0; i < free_.size(); ++i)
+    free_[i] = static_cast<std::uint16_t>(free_.size() - 1 - i);
+  free_count_ = free_.size();
+}
+
+namespace ops {
+namespace {
+
+template <typename T>
+void* release_to_nccl(std::unique_ptr<T> object) {
+  Registry::get().opened();
+  return object.release();
+}
+
+// Takes an object back from NCCL and destroys it, then tells the registry (which may close
+// the contexts once the last object is gone).
+template <typename T, typename Close>
+void close_and_free(T* object, Close&& close) {
+  {
+    std::unique_ptr<T> owner(object);
+    close(*owner);
+  }
+  Registry::get().closed();
+}
+
+}  // namespace
+
+abi::Result init(abi::Logger logger) {
+  return guard("init", [&] {
+    Registry::get().init(logger);
+    return abi::kSuccess;
+  });
+}
+
+abi::Result init_context(void** ctx, std::uint64_t comm_id, const abi::CommConfig* config,
+                         abi::Logger logger) {
+  return guard("init", [&] {
+    if (ctx == nullptr) throw InvalidArgument("init: no context pointer");
+    *ctx = nullptr;
+    auto context = std::make_unique<InitContext>();
+    context->comm_id = comm_id;
+    if (config != nullptr) context->traffic_class = config->trafficClass;
+    Registry::get().init(logger);
+    *ctx = context.release();  // finalize takes it back
+    return abi::kSuccess;
+  });
+}
+
+abi::Result finalize(void* ctx) {
+  return guard("finalize", [&] {
+    std::unique_ptr<InitContext> context(&expect<InitContext>(ctx, Kind::kContext, "init context"));
+    Registry::get().finalize();
+    return abi::kSuccess;
+  });
+}
+
+abi::Result devices(int* ndev) {
+  return guard("devices", [&] {
+    if (ndev == nullptr) throw InvalidArgument("no ndev pointer");
+    *ndev = Registry::get().device_count();
+    return abi::kSuccess;
+  });
+}
+
+abi::Result make_vdevice(int* dev, abi::VDeviceProps* props) {
+  return guard("makeVDevice", [&] {
+    if (dev == nullptr || props == nullptr) throw InvalidArgument("NULL argument");
+    *dev = Registry::get().make_vdevice(*props);
+    return abi::kSuccess;
+  });
+}
+
+template <typename Props>
+abi::Result properties(int dev, Props* props) {
+  return guard("getProperties", [&] {
+    if (props == nullptr) throw InvalidArgument("no properties pointer");
+    const Properties p = Registry::get().properties(dev);
+    std::memset(static_cast<void*>(props), 0, sizeof(Props));
+    // NCCL keeps these pointers: they point into the registry's device table, which lives
+    // as long as the plugin is initialised.
+    props->name = const_cast<char*>(p.device->name.c_str());
+    props->pciPath =
+        p.device->pci_path.empty() ? nullptr : const_cast<char*>(p.device->pci_path.c_str());
+    props->guid = p.device->guid;
+    props->ptrSupport = abi::kPtrHost;
+    props->regIsGlobal = 0;  // loom's MR caches are per lane, not per process
+    props->speed = p.device->speed_mbps;
+    props->port = 1;
+    props->latency = 0;
+    props->maxComms = p.max_comms;
+    props->maxRecvs = p.max_recvs;
+    props->netDeviceType = abi::kDeviceHost;
+    props->netDeviceVersion = 0;
+    if constexpr (!std::is_same_v<Props, abi::PropertiesV8>) {
+      props->forceFlush = 0;
+      props->vProps.ndevs = static_cast<int>(p.device->nics.size());
+      for (std::size_t i = 0; i < p.device->nics.size() && i < abi::kMaxDevsPerNic; ++i)
+        props->vProps.devs[i] = p.device->nics[i];
+      props->maxP2pBytes = p.max_bytes;
+      props->maxCollBytes = p.max_bytes;
+    }
+    if constexpr (std::is_same_v<Props, abi::PropertiesV11>) props->maxMultiRequestSize = 1;
+    return abi::kSuccess;
+  });
+}
+template abi::Result properties(int, abi::PropertiesV8*);
+template abi::Result properties(int, abi::PropertiesV9*);
+template abi::Result properties(int, abi::PropertiesV11*);
+
+abi::Result listen(int dev, void* handle, void** listen_comm) {
+  return guard("listen", [&] {
+    if (handle == nullptr || listen_comm == nullptr) throw InvalidArgument("NULL argument");
+    *listen_comm = nullptr;
+    auto comm = std::make_unique<ListenComm>(ListenComm{
+        .tag = Kind::kListen, .dev = dev, .listener = Registry::get().context(dev).listen()});
+    WireHandle::write(comm->listener.handle(), handle);
+    *listen_comm = release_to_nccl(std::move(comm));
+    return abi::kSuccess;
+  });
+}
+
+abi::Result connect(int dev, void* handle, void** send_comm, abi::DeviceHandle** dev_comm) {
+  return guard("connect", [&] {
+    if (handle == nullptr || send_comm == nullptr) throw InvalidArgument("NULL argument");
+    *send_comm = nullptr;
+    (void)dev_comm;  // offload handles come only with a non-HOST netDeviceType: left alone
+    std::unique_ptr<SendComm> comm = Registry::get().connect(dev, handle);
+    if (comm) *send_comm = release_to_nccl(std::make_unique<NetComm>(Kind::kSend, std::move(comm)));
+    return abi::kSuccess;
+  });
+}
+
+abi::Result accept(void* listen_comm, void** recv_comm, abi::DeviceHandle** dev_comm) {
+  return guard("accept", [&] {
+    if (recv_comm == nullptr) throw InvalidArgument("NULL argument");
+    *recv_comm = nullptr;
+    (void)dev_comm;  // offload handles come only with a non-HOST netDeviceType: left alone
+    auto& listener = expect<ListenComm>(listen_comm, Kind::kListen, "listen comm");
+    std::unique_ptr<RecvComm> comm = listener.listener.accept();
+    if (comm) *recv_comm = release_to_nccl(std::make_unique<NetComm>(Kind::kRecv, std::move(comm)));
+    return abi::kSuccess;
+  });
+}
+
+namespace {
+NetComm& any_comm(void* comm) {
+  auto* object = static_cast<NetComm*>(comm);
+  if (object == nullptr || (object->kind() != Kind::kSend && object->kind() != Kind::kRecv))
+    throw InvalidArgument("not a loom send or receive comm");
+  return *object;
+}
+}  // namespace
+
+abi::Result reg_mr(void* comm, void* data, std::size_t size, int type, void** mhandle) {
+  return guard("regMr", [&] {
+    if (mhandle == nullptr) throw InvalidArgument("NULL mhandle pointer");
+    *mhandle = nullptr;
+    NetComm& net = any_comm(comm);
+    if (type != abi::kPtrHost)
+      throw InvalidArgument("memory type " + std::to_string(type) +
+                            " is not supported (ptrSupport is NCCL_PTR_HOST)");
+    auto handle = std::make_unique<MemoryHandle>();
+    handle->comm = &net;
+    handle->region = net.comm().register_memory(data, size, MemoryType::kHost);
+    *mhandle = handle.release();  // deregMr takes it back
+    return abi::kSuccess;
+  });
+}
+
+abi::Result reg_mr_dmabuf(void* comm, void* data, std::size_t size, int type, std::uint64_t offset,
+                          int fd, void** mhandle) {
+  if (type == abi::kPtrHost && fd < 0 && offset == 0)
+    return reg_mr(comm, data, size, type, mhandle);
+  return fail("regMrDmaBuf", abi::kInvalidUsage, "DMA-BUF registration is not supported");
+}
+
+abi::Result dereg_mr(void* comm, void* mhandle) {
+  return guard("deregMr", [&] {
+    NetComm& net = any_comm(comm);
+    std::unique_ptr<MemoryHandle> handle(&expect<MemoryHandle>(mhandle, Kind::kMemory, "mhandle"));
+    if (handle->comm != &net) throw InvalidArgument("mhandle was registered on another comm");
+    handle->tag = Kind{};
+    net.comm().deregister(handle->region);
+    return abi::kSuccess;
+  });
+}
+
+abi::Result close_send(void* send_comm) {
+  return guard("closeSend", [&] {
+    close_and_free(&expect<NetComm>(send_comm, Kind::kSend, "send comm"),
+                   [](NetComm& comm) { comm.comm().close(); });
+    return abi::kSuccess;
+  });
+}
+
+abi::Result close_recv(void* recv_comm) {
+  return guard("closeRecv", [&] {
+    close_and_free(&expect<NetComm>(recv_comm, Kind::kRecv, "receive comm"),
+                   [](NetComm& comm) { comm.comm().close(); });
+    return abi::kSuccess;
+  });
+}
+
+abi::Result close_listen(void* listen_comm) {
+  return guard("closeListen", [&] {
+    close_and_free(&expect<ListenComm>(listen_comm, Kind::kListen, "listen comm"),
+                   [](ListenComm& comm) { comm.listener.close(); });
+    return abi::kSuccess;
+  });
+}
+
+abi::Result set_net_attr(void* ctx, abi::NetAttr* attr) {
+  return guard("setNetAttr", [&] {
+    expect<InitContext>(ctx, Kind::kContext, "init context");
+    (void)attr;  // loom has no per-operation tuning to take from NCCL's hints
+    return abi::kSuccess;
+  });
+}
+
+}  // namespace ops
+}  // namespace loom::nccl

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# ncclnet_check's clear errors: a .so without an ncclNet symbol, a plugin whose init fails,
+# a peer that dies mid-case (bounded, and the error names the case).
+# Usage: nccl_cli.sh NCCLNET_CHECK PLUGIN_SO NOT_A_PLUGIN_SO
+set -u
+check=$1 plugin=$2 other=$3
+fail=0
+expect() {  # name, wanted exit code, wanted text, command...
+  local name=$1 code=$2 text=$3; shift 3
+  local out rc
+  out=$(timeout 120 "$@" 2>&1); rc=$?
+  if [ "$rc" -ne "$code" ] || ! grep -qF -- "$text" <<<"$out"; then
+    echo "FAIL $name: exit $rc (wanted $code), output:"; echo "$out" | tail -20; fail=1
+  else
+    echo "ok   $name: $(grep -F -- "$text" <<<"$out" | head -1)"
+  fi
+}
+expect no-symbol 2 "is not an ncclNet plugin: it exports none of ncclNetPlugin_v11" "$check" "$other"
+expect no-file 2 "cannot load" "$check" /nonexistent/libnccl-net-none.so
+expect init-fails 2 "init of plugin loom (ncclNet v11): ncclSystemError" \
+  env LOOM_PROVIDER=no-such-provider "$check" "$plugin"
+expect peer-dies 1 "case sizes: rank 1 killed by signal 9" \
+  "$check" "$plugin" --case sizes --sizes 1m --kill-peer-in sizes --timeout 30
+expect bad-case 2 "no case named" "$check" "$plugin" --case nothing
+exit $fail
