@@ -23,9 +23,11 @@ check_includes lib/mux p2p/ rdma/ infiniband/ providers/
 check_includes lib/p2p rdma/ infiniband/ providers/ ofi/fid.hpp
 check_includes include/loom rdma/ infiniband/ ofi/ mux/ p2p/ util/ topo/ providers/
 check_includes bench rdma/ ofi/ mux/ p2p/ util/ providers/
+# The NCCL plugin sits on the public API only.
+check_includes lib/nccl rdma/ infiniband/ ofi/ mux/ p2p/ util/ topo/ providers/
 
 # fi_* calls outside the rail layer and providers.
-for dir in lib/util lib/mux lib/p2p lib/topo include bench; do
+for dir in lib/util lib/mux lib/p2p lib/topo lib/nccl include bench; do
   [ -d "$dir" ] || continue
   while IFS= read -r hit; do violation "$hit calls libfabric outside lib/ofi"; done \
     < <(grep -rnE '\bfi_[a-z_]+\(' "$dir" --include='*.cpp' --include='*.hpp' | cut -d: -f1,2)
