@@ -14,6 +14,21 @@
 #include "ncclnet_cases.hpp"
 
 namespace ncclnet {
+// GCC defines __SANITIZE_ADDRESS__; clang answers __has_feature (which GCC 12's preprocessor
+// cannot even parse behind a defined() test, hence the nesting).
+#if defined(__SANITIZE_ADDRESS__)
+#define LOOM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LOOM_ASAN 1
+#endif
+#endif
+#ifdef LOOM_ASAN
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 namespace {
 
 // One verified message each way on a link (sizes chosen by the caller).
@@ -310,11 +325,8 @@ void cycles_case(Rank& rank, const Options& options) {
                        std::to_string(threads));
     if (fds > fds0)
       throw CheckError("fds grew from " + std::to_string(fds0) + " to " + std::to_string(fds));
-#if defined(__SANITIZE_ADDRESS__) || defined(__has_feature) && __has_feature(address_sanitizer)
-    constexpr std::size_t kRssSlackKiB = 256 * 1024;  // ASan's quarantine holds freed memory
-#else
-    constexpr std::size_t kRssSlackKiB = 16 * 1024;
-#endif
+    constexpr std::size_t kRssSlackKiB = kAddressSanitizer ? 256 * 1024  // its quarantine
+                                                           : 16 * 1024;
     if (rss > rss0 + kRssSlackKiB)
       throw CheckError("RSS grew from " + std::to_string(rss0) + " to " + std::to_string(rss) +
                        " KiB");
