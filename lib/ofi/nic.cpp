@@ -56,6 +56,7 @@ NicAttributes describe(const fi_info& info) {
       .domain = info.domain_attr->name ? info.domain_attr->name : "",
       .address = address_text(info),
       .pci_bus_id = pci_text(info),
+      .string_addresses = info.addr_format == FI_ADDR_STR,
       .endpoint_mr = (mr_mode & FI_MR_ENDPOINT) != 0,
       .virt_addr = (mr_mode & FI_MR_VIRT_ADDR) != 0,
       .prov_key = (mr_mode & FI_MR_PROV_KEY) != 0,

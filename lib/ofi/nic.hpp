@@ -26,6 +26,7 @@ struct NicAttributes {
   std::string domain;      // the NIC's name: "lo", "rdmap16s27", "cxi0", "mlx5_0", "shm"
   std::string address;     // the NIC's source address as text, empty if the provider gives none
   std::string pci_bus_id;  // "0000:10:1b.0" where the provider reports it
+  bool string_addresses = false;  // FI_ADDR_STR: endpoint names are NUL-terminated strings
   // MR handling, from the returned domain_attr->mr_mode and mode bits.
   bool endpoint_mr = false;  // FI_MR_ENDPOINT: bind + enable per endpoint
   bool virt_addr = false;    // FI_MR_VIRT_ADDR: RMA addresses are virtual, else offsets

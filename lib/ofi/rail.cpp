@@ -106,6 +106,20 @@ std::string Rail::describe(bool with_provider) const {
 }
 
 Address Rail::insert_peer(std::span<const std::byte> address) {
+  // fi_av_insert reads as many bytes as the provider's address format holds (a string format:
+  // up to its NUL). A name from the wire that is shorter would make it read past the name.
+  const bool fits = nic_->attributes().string_addresses
+                        ? std::find(address.begin(), address.end(), std::byte{0}) != address.end()
+                        : address.size() >= name_.size();
+  if (!fits) {
+    throw Error("insert peer address on " + describe(false), nic_->attributes().provider, 0,
+                "a " + std::to_string(address.size()) + "-byte address is not a " +
+                    nic_->attributes().provider + " endpoint name (" +
+                    (nic_->attributes().string_addresses
+                         ? std::string("no terminating NUL")
+                         : std::to_string(name_.size()) + " bytes expected") +
+                    ")");
+  }
   fi_addr_t peer = FI_ADDR_NOTAVAIL;
   int inserted = fi_av_insert(av_.get(), address.data(), 1, &peer, 0, nullptr);
   if (inserted != 1 || peer == FI_ADDR_NOTAVAIL) {

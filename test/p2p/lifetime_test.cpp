@@ -94,6 +94,33 @@ TEST_CASE("p2p a connect that fails after joining its lane leaves nothing behind
   exchange(*out, *in, 41, 41, 5000);
 }
 
+TEST_CASE("p2p a handle whose address is shorter than the provider's is refused clearly",
+          "[lifetime]") {
+  Context context(test_config(1));
+  Listener listener = context.listen();
+  // The first address cut to 4 bytes, the handle ending with it: the provider would read a
+  // whole endpoint name (16 bytes of sockaddr_in, or a shm name up to its NUL) from it.
+  Handle short_address = listener.handle();
+  constexpr std::size_t kLengthByte = 26;
+  short_address.bytes[kLengthByte - 1] = std::byte{1};  // one address
+  short_address.bytes[kLengthByte] = std::byte{4};
+  short_address.size = kLengthByte + 1 + 4;
+  std::string error;
+  Connector connector = context.connect(short_address);
+  poll_until([&] { return !error.empty(); },
+             [&] {
+               try {
+                 (void)connector.poll();
+               } catch (const Error& e) {
+                 error = e.what();
+               }
+             },
+             "the refused connect", 20s);
+  INFO(error);
+  CHECK_THAT(error, Catch::Contains("4-byte address is not a"));
+  CHECK(lane_comms(context) == 0);
+}
+
 TEST_CASE("p2p wait with a timeout returns while the peer never posts, and sleeps meanwhile",
           "[lifetime]") {
   Context context(test_config(1));
