@@ -108,12 +108,12 @@ Status ControlChannel::post_receive(Slot& slot) {
 }
 
 Status ControlChannel::send(std::size_t rail_index, ofi::Address peer, std::uint8_t type,
-                            CommId comm, std::span<const std::byte> body) {
+                            CommId comm, std::span<const std::byte> body, bool confirmed) {
   if (body.size() > kMaxControlBody) return Status::kInvalid;
   ofi::Rail& rail = *rails_[rail_index];
   const std::size_t total = kControlHeaderBytes + body.size();
   const ControlHeader header{type, comm, static_cast<std::uint16_t>(body.size())};
-  if (total <= rail.nic().attributes().inject_size) {
+  if (!confirmed && total <= rail.nic().attributes().inject_size) {
     std::byte message[kMaxControlMessage];
     encode_control_header(message, header);
     if (!body.empty()) std::memcpy(message + kControlHeaderBytes, body.data(), body.size());

@@ -72,8 +72,13 @@ class ControlChannel final : ofi::CompletionHandler {
 
   // Sends header + body to `peer` (an address in rails()[rail]'s AV). kRetry: no send slot or
   // provider back-pressure, try again after progress; kInvalid: body too large; kError: failed.
+  // `confirmed`: never injected, so that sends_in_flight() covers it until the provider
+  // reports it sent (an injected message may still sit in the provider when its endpoint
+  // closes: rxd drops it).
   Status send(std::size_t rail, ofi::Address peer, std::uint8_t type, CommId comm,
-              std::span<const std::byte> body);
+              std::span<const std::byte> body, bool confirmed = false);
+  // Sends from registered slots whose completion has not come back yet.
+  [[nodiscard]] bool sends_in_flight() const noexcept { return free_tx_.size() != kTxSlots; }
 
   // Reposts receive buffers the provider refused earlier. Called from the owner's progress.
   void retry_reposts();

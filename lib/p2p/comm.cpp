@@ -218,10 +218,11 @@ void Comm::on_retry() {
   retrying_.clear();
 }
 
-Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body) {
+Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body,
+                          bool confirmed) {
   const std::size_t rail = seq % control_rails_;
-  const Status status = lane_->control().send(rail, peer_control_[rail],
-                                              static_cast<std::uint8_t>(type), peer_id_, body);
+  const Status status = lane_->control().send(
+      rail, peer_control_[rail], static_cast<std::uint8_t>(type), peer_id_, body, confirmed);
   util::log().trace("comm {} on lane {}: control type {} seq {} to comm {}: {}", id_, lane_->id(),
                     static_cast<int>(type), seq, peer_id_, to_string(status));
   if (status != Status::kOk && status != Status::kRetry) [[unlikely]] {
@@ -447,14 +448,16 @@ void Comm::close(std::unique_ptr<Comm> self) {
       // Tells the peer how far we got, so that what arrived stays delivered over there.
       std::byte body[close_notice_bytes(kCloseWindow)];
       const std::size_t length = encode_close(self->close_notice(), body);
-      Status sent = self->send_control(MessageType::kClose, 0, {body, length});
+      Status sent = self->send_control(MessageType::kClose, 0, {body, length}, true);
       while (sent == Status::kRetry && std::chrono::steady_clock::now() < deadline) {
         lane.progress();
-        sent = self->send_control(MessageType::kClose, 0, {body, length});
+        sent = self->send_control(MessageType::kClose, 0, {body, length}, true);
       }
     }
     self->fail_all(Status::kCancelled, "communicator closed");
-    while (!self->drained() && std::chrono::steady_clock::now() < deadline) {
+    // The close notice, too, must have left before the lane (perhaps) closes its endpoints.
+    while ((!self->drained() || lane.control().sends_in_flight()) &&
+           std::chrono::steady_clock::now() < deadline) {
       lane.progress();
       lock.unlock();
       std::this_thread::yield();

@@ -105,7 +105,9 @@ class Comm : public mux::CommPort {
     return true;
   }
   // Sends a control message to the peer: kOk, kRetry (back-pressure) or kError (logged).
-  Status send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body);
+  // `confirmed`: see mux::ControlChannel::send.
+  Status send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body,
+                      bool confirmed = false);
   // A batch of `what` its encoder refused: kError with last_error_ set (logged once).
   [[gnu::cold]] Status refuse_batch(const char* what);
   [[nodiscard]] static bool all_parts_done(const Request& r) noexcept {
