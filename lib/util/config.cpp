@@ -172,12 +172,11 @@ constexpr Row kTable[] = {
    Number<&Config::mr_cache_entries, 1, 1u << 20>::check},
   {{"LOOM_LOG_LEVEL", "warn", "trace, debug, info, warn, error or off"},
    set_log_level, check_log_level},
-  {{"LOOM_CONNECT_TIMEOUT_MS", "30000", "connect/accept give up after this long without the "
-    "peer"},
+  {{"LOOM_CONNECT_TIMEOUT_MS", "30000", "connect gives up after this long without an answer"},
    Number<&Config::connect_timeout_ms, 1, 3600000>::set,
    Number<&Config::connect_timeout_ms, 1, 3600000>::check},
-  {{"LOOM_PEER_TIMEOUT_MS", "10000", "wait() gives up (peer error) after this long without the "
-    "request completing"},
+  {{"LOOM_PEER_TIMEOUT_MS", "10000", "a peer silent this long while requests wait on it is taken "
+    "as dead (peer error); also how long a closed peer's pending messages have to arrive"},
    Number<&Config::peer_timeout_ms, 1, 3600000>::set,
    Number<&Config::peer_timeout_ms, 1, 3600000>::check},
   {{"LOOM_FORCE_FLUSH", "0", "run iflush's read even for host memory (tests the GPU path)"},
