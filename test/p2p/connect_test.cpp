@@ -244,10 +244,10 @@ TEST_CASE("p2p bad data-path input gives clear errors and the process and other 
   // eager limit (no receive is posted there, so nothing may go eagerly), written or empty.
   MemoryRegion large_region = in->register_memory(buffer.data() + 131072, 131072);
   for (const auto& [message, capacity] : {std::pair<std::size_t, std::size_t>{100, 8192},
-                                         {100, 32768},
-                                         {0, 32768},
-                                         {40000, 65536},
-                                         {65536, 65536}}) {
+                                          {100, 32768},
+                                          {0, 32768},
+                                          {40000, 65536},
+                                          {65536, 65536}}) {
     INFO("message " << message << " into a buffer of " << capacity);
     RecvBuffer tagged = capacity <= 8192
                             ? RecvBuffer{buffer.data() + 65536, capacity, 5, in_region}
