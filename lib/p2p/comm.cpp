@@ -463,6 +463,18 @@ void Comm::close(std::unique_ptr<Comm> self) {
       std::this_thread::yield();
       lock.lock();
     }
+    // A receiver whose announced buffers a peer may still be writing into waits for those
+    // writes: an endpoint closed under one (rxm over tcp crashes), or a buffer given back to
+    // the application under one, is worse than a slower close.
+    const auto writes_deadline = std::chrono::steady_clock::now() +
+                                 std::chrono::milliseconds(self->core_->config().peer_timeout_ms);
+    while (self->writes_may_arrive() && !self->peer_gone() &&
+           std::chrono::steady_clock::now() < writes_deadline) {
+      lane.progress();
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+    }
     drained = self->drained();
     // Operations still out keep using their registrations until the lane frees them.
     if (drained) self->release_registrations();

@@ -125,13 +125,16 @@ class Comm : public mux::CommPort {
   void on_peer_close(std::span<const std::byte> body);
   // What our close notice tells the peer: which messages were handed to the provider whole
   // (sender) or arrived (receiver).
-  [[nodiscard]] virtual CloseNotice close_notice() const = 0;
+  [[nodiscard]] virtual CloseNotice close_notice() = 0;
   // Every sequence number below `next` finished except those in `unfinished`.
   static CloseNotice notice_for(std::uint32_t next, const std::vector<std::uint32_t>& unfinished);
   // Fails the pending parts the closed peer did not finish.
   virtual void fail_unfinished(const CloseNotice& notice, const std::string& why) = 0;
   // LOOM_PEER_TIMEOUT_MS after the peer's close notice: settles what is still pending.
   virtual void settle_after_close() = 0;
+  // Closing: whether writes the peer posted towards this side may still be arriving (see
+  // WritesPosted); close() keeps the lane's endpoints until they did, or the peer timed out.
+  [[nodiscard]] virtual bool writes_may_arrive() const noexcept { return false; }
   // One test() pass; `handled` counts the completions it processed.
   Status poll(Request* request, bool& done, std::span<std::size_t> sizes, std::size_t& handled);
   // Pings and pongs: true when `header` was one (and consumed). Anything from the peer is a

@@ -207,6 +207,7 @@ std::size_t encode_close(const CloseNotice& m, std::span<std::byte> out) {
   WireWriter w(out);
   w.u32(m.complete_below);
   w.u16(m.span);
+  w.u8(m.awaits_writes ? 1 : 0);
   w.bytes(std::as_bytes(std::span(m.finished_bits).first((m.span + 7u) / 8)));
   return finish(w);
 }
@@ -215,12 +216,28 @@ const char* decode_close(std::span<const std::byte> in, CloseNotice& out) {
   WireReader r(in);
   out.complete_below = r.u32();
   out.span = r.u16();
+  const std::uint8_t flags = r.u8();
   if (!r.ok() || out.span > kCloseWindow) return "close notice: span out of range";
+  if (flags > 1) return "close notice: unknown flags";
+  out.awaits_writes = flags != 0;
   const auto bits = r.bytes((out.span + 7u) / 8);
   if (!r.done()) return "close notice has the wrong length";
   out.finished_bits.fill(0);
   std::memcpy(out.finished_bits.data(), bits.data(), bits.size());
   if (!close_bits_fit(out)) return "close notice: bits set past its span";
+  return nullptr;
+}
+
+std::size_t encode_writes_posted(const WritesPosted& m, std::span<std::byte> out) {
+  WireWriter w(out);
+  w.u32(m.writes);
+  return finish(w);
+}
+
+const char* decode_writes_posted(std::span<const std::byte> in, WritesPosted& out) {
+  WireReader r(in);
+  out.writes = r.u32();
+  if (!r.done()) return "writes-posted answer has the wrong length";
   return nullptr;
 }
 

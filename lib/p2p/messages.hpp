@@ -24,11 +24,12 @@ enum class MessageType : std::uint8_t {
   kAccept = 2,
   kReject = 3,
   // lane control rails
-  kClearToSend = 16,  // receiver -> sender: buffers posted for these sequence numbers
-  kReadyToSend = 17,  // sender -> receiver: size and tag where the writes cannot tell them
-  kClose = 18,        // either way: the peer closed this communicator (a CloseNotice)
-  kPing = 19,         // either way, while requests wait on the peer: are you there?
-  kPong = 20,         // the answer (sent by the lane's progress, whatever the peer is doing)
+  kClearToSend = 16,   // receiver -> sender: buffers posted for these sequence numbers
+  kReadyToSend = 17,   // sender -> receiver: size and tag where the writes cannot tell them
+  kClose = 18,         // either way: the peer closed this communicator (a CloseNotice)
+  kPing = 19,          // either way, while requests wait on the peer: are you there?
+  kPong = 20,          // the answer (sent by the lane's progress, whatever the peer is doing)
+  kWritesPosted = 21,  // sender -> receiver, answering its close notice (a WritesPosted)
 };
 
 inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"
@@ -192,7 +193,10 @@ static_assert(seq_before(0xFFFFFFFFu, 0) && !seq_before(0, 0xFFFFFFFFu) && !seq_
 inline constexpr std::size_t kCloseWindow = 1024;
 struct CloseNotice {
   std::uint32_t complete_below = 0;
-  std::uint16_t span = 0;                                      // at most kCloseWindow
+  std::uint16_t span = 0;  // at most kCloseWindow
+  // A receiver whose close waits for a WritesPosted answer (it had announced buffers it did
+  // not finish); nobody answers a notice without it, whose sender may be gone at once.
+  bool awaits_writes = false;
   std::array<std::uint8_t, kCloseWindow / 8> finished_bits{};  // bit i: complete_below + i
 
   [[nodiscard]] bool finished(std::uint32_t seq) const noexcept {
@@ -205,8 +209,19 @@ struct CloseNotice {
   }
 };
 inline constexpr std::size_t close_notice_bytes(std::size_t span) {
-  return 4 + 2 + (span + 7) / 8;
+  return 4 + 2 + 1 + (span + 7) / 8;
 }
+// A sender's answer to its receiver's close notice: how many RDMA writes it had posted towards
+// the buffers the notice calls unfinished. The closing receiver keeps its endpoints (and the
+// buffers) until that many arrived: a write still streaming in must not meet a closed
+// endpoint or a buffer given back.
+struct WritesPosted {
+  std::uint32_t writes = 0;
+};
+inline constexpr std::size_t kWritesPostedBytes = 4;
+std::size_t encode_writes_posted(const WritesPosted& message, std::span<std::byte> out);
+const char* decode_writes_posted(std::span<const std::byte> in, WritesPosted& out);
+
 // 0 for a span above kCloseWindow or bits set beyond it.
 std::size_t encode_close(const CloseNotice& message, std::span<std::byte> out);
 const char* decode_close(std::span<const std::byte> in, CloseNotice& out);

@@ -239,14 +239,27 @@ void RecvCommImpl::cancel(Request& r) {
   }
 }
 
-CloseNotice RecvCommImpl::close_notice() const {
+// Also readies the wait for writes still coming into unfinished buffers the sender was told of
+// (see writes_may_arrive): called once, by close().
+CloseNotice RecvCommImpl::close_notice() {
   std::vector<std::uint32_t> unfinished;
   for (const Request& r : requests_.built()) {
     if (!r.in_use || r.kind != RequestKind::kRecv) continue;
-    for (std::size_t i = 0; i < r.part_count; ++i)
-      if (!r.parts[i].done) unfinished.push_back(r.parts[i].seq);
+    for (std::size_t i = 0; i < r.part_count; ++i) {
+      const Part& part = r.parts[i];
+      if (part.done) continue;
+      unfinished.push_back(part.seq);
+      awaiting_writes_ = awaiting_writes_ || part.told;
+      writes_seen_ += part.writes_seen;
+    }
   }
-  return notice_for(next_seq_, unfinished);
+  CloseNotice notice = notice_for(next_seq_, unfinished);
+  notice.awaits_writes = awaiting_writes_;
+  return notice;
+}
+
+bool RecvCommImpl::writes_may_arrive() const noexcept {
+  return awaiting_writes_ && (!writes_posted_ || writes_seen_ < *writes_posted_);
 }
 
 void RecvCommImpl::fail_unfinished(const CloseNotice& notice, const std::string& why) {
@@ -407,6 +420,16 @@ void RecvCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
     case MessageType::kClose:
       on_peer_close(body);
       return;
+    case MessageType::kWritesPosted: {
+      WritesPosted answer;
+      if (const char* why = decode_writes_posted(body, answer)) {
+        util::log().warn("comm {} on lane {}: {}", id_, lane_->id(), why);
+        awaiting_writes_ = false;  // nothing to count on: the close waits no longer
+      } else {
+        writes_posted_ = answer.writes;
+      }
+      return;
+    }
     default:
       util::log().warn("comm {} on lane {}: unexpected control message type {} dropped", id_,
                        lane_->id(), header.type);
@@ -414,6 +437,10 @@ void RecvCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
 }
 
 void RecvCommImpl::on_remote_write(mux::WriteImmediate immediate) {
+  if (closed_) {
+    ++writes_seen_;  // one of those the close waits for
+    return;
+  }
   Request* r = nullptr;
   std::size_t i = 0;
   Part* part = waiting_part(immediate.seq, mux::kImmSeqMask, &r, &i);

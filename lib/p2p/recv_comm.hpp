@@ -4,6 +4,7 @@
 // ready-to-send for it instead (its eager receive is cancelled).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "p2p/comm.hpp"
@@ -34,9 +35,10 @@ class RecvCommImpl final : public Comm {
 
   void advance(Request& request) override;
   void cancel(Request& request) override;
-  [[nodiscard]] CloseNotice close_notice() const override;
+  [[nodiscard]] CloseNotice close_notice() override;
   void fail_unfinished(const CloseNotice& notice, const std::string& why) override;
   void settle_after_close() override;
+  [[nodiscard]] bool writes_may_arrive() const noexcept override;
   void flush_control() override;
   // Posts the eager receives not posted yet, lowest sequence first, until the provider pushes
   // back.
@@ -58,6 +60,11 @@ class RecvCommImpl final : public Comm {
   ClearToSend batch_;               // entries not sent yet
   std::vector<Announced> batched_;  // the buffers they describe
   std::size_t batch_limit_ = 0;
+  // Closing with announced buffers unfinished: the writes the sender says it posted towards
+  // them, and those seen (before the close in the parts, after it here).
+  bool awaiting_writes_ = false;
+  std::optional<std::uint32_t> writes_posted_;
+  std::uint32_t writes_seen_ = 0;
 };
 
 }  // namespace loom::p2p

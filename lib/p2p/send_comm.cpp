@@ -24,7 +24,8 @@ SendCommImpl::SendCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane)
       clearances_(kSeqWindow),
       key_stride_(lane.rails().data_rails()),
       keys_(kSeqWindow * key_stride_),
-      waiting_(kSeqWindow, nullptr) {
+      waiting_(kSeqWindow, nullptr),
+      writes_posted_(kSeqWindow, 0) {
   batched_.reserve(kMaxBatch);
 }
 
@@ -81,6 +82,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   r->stripes = r->eager ? 0 : stripe_count(size);
   ++(r->eager ? stats_.eager : stats_.rendezvous);
   waiting_[seq % kSeqWindow] = r;
+  writes_posted_[seq % kSeqWindow] = 0;
   const Clearance& clearance = clearances_[seq % kSeqWindow];
   if (clearance.valid && clearance.seq == seq) match(*r);
   advance(*r);
@@ -206,6 +208,7 @@ void SendCommImpl::post_stripes(Request& r) {
       return;
     }
     ++r.stripes_posted;
+    ++writes_posted_[part.seq % kSeqWindow];
     ++r.ops_outstanding;
   }
 }
@@ -273,7 +276,7 @@ void SendCommImpl::update_done(Request& r) {
 
 // Handed to the provider whole: the payload (and a ready-to-send where one is needed) left, or
 // the message failed with a verdict the receiver reaches too.
-CloseNotice SendCommImpl::close_notice() const {
+CloseNotice SendCommImpl::close_notice() {
   std::vector<std::uint32_t> unfinished;
   for (const Request& r : requests_.built()) {
     if (!r.in_use || r.kind != RequestKind::kSend || r.parts[0].done) continue;
@@ -286,7 +289,20 @@ CloseNotice SendCommImpl::close_notice() const {
   return notice_for(next_seq_, unfinished);
 }
 
+// The receiver waits for the writes already posted towards what it did not finish, those of
+// sends that completed here included (their records may be back in the pool).
+void SendCommImpl::send_writes_posted(const CloseNotice& notice) {
+  WritesPosted answer;
+  for (std::uint32_t seq = notice.complete_below; seq_before(seq, next_seq_); ++seq) {
+    if (!notice.finished(seq)) answer.writes += writes_posted_[seq % kSeqWindow];
+  }
+  std::byte bytes[kWritesPostedBytes];
+  const std::size_t length = encode_writes_posted(answer, bytes);
+  (void)send_control(MessageType::kWritesPosted, 0, {bytes, length}, true);
+}
+
 void SendCommImpl::fail_unfinished(const CloseNotice& notice, const std::string& why) {
+  if (notice.awaits_writes && !closed_) send_writes_posted(notice);
   for (Request& r : requests_.built()) {
     Part& part = r.parts[0];
     if (!r.in_use || r.kind != RequestKind::kSend || part.done) continue;

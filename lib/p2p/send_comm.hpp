@@ -32,24 +32,26 @@ class SendCommImpl final : public Comm {
 
   void advance(Request& request) override;
   void cancel(Request&) override {}  // sends are not cancelled: they complete or fail
-  [[nodiscard]] CloseNotice close_notice() const override;
+  [[nodiscard]] CloseNotice close_notice() override;
   void fail_unfinished(const CloseNotice& notice, const std::string& why) override;
   void settle_after_close() override;
   void flush_control() override;
   void match(Request& request);
   void post_stripes(Request& request);
   void update_done(Request& request);
+  void send_writes_posted(const CloseNotice& notice);
   [[gnu::cold]] void fail_send(Request& request, const ofi::Completion& completion);
   [[nodiscard]] std::uint8_t stripe_count(std::size_t size) const noexcept;
 
   std::uint32_t next_seq_ = 0;
   std::size_t min_stripe_;
-  std::vector<Clearance> clearances_;  // by seq % kSeqWindow
-  std::size_t key_stride_;             // the lane's data rails
-  std::vector<std::uint64_t> keys_;    // kSeqWindow x key_stride_ remote keys
-  std::vector<Request*> waiting_;      // sends by seq % kSeqWindow
-  ReadyToSend batch_;                  // ready-to-sends not sent yet
-  std::vector<Request*> batched_;      // the requests they belong to
+  std::vector<Clearance> clearances_;        // by seq % kSeqWindow
+  std::size_t key_stride_;                   // the lane's data rails
+  std::vector<std::uint64_t> keys_;          // kSeqWindow x key_stride_ remote keys
+  std::vector<Request*> waiting_;            // sends by seq % kSeqWindow
+  std::vector<std::uint8_t> writes_posted_;  // writes posted for each seq, by seq % kSeqWindow
+  ReadyToSend batch_;                        // ready-to-sends not sent yet
+  std::vector<Request*> batched_;            // the requests they belong to
 };
 
 }  // namespace loom::p2p

@@ -90,6 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   CloseNotice close{
       .complete_below = source.take<std::uint32_t>(),
       .span = static_cast<std::uint16_t>(source.take<std::uint16_t>() % (kCloseWindow + 2))};
+  close.awaits_writes = (source.u8() & 1) != 0;
   for (auto& byte : close.finished_bits) byte = source.u8();
   if (close.span <= kCloseWindow) {
     for (std::size_t bit = close.span; bit < kCloseWindow; ++bit) {
@@ -98,7 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   const auto same_close = [](const CloseNotice& a, const CloseNotice& b) {
     return a.complete_below == b.complete_below && a.span == b.span &&
-           a.finished_bits == b.finished_bits;
+           a.awaits_writes == b.awaits_writes && a.finished_bits == b.finished_bits;
   };
   const auto close_fits = [](const CloseNotice& m) { return m.span <= kCloseWindow; };
 

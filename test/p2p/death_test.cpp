@@ -161,5 +161,77 @@ TEST_CASE("p2p a receiver killed with a 64 MiB send in flight ends the send with
   REQUIRE(failure == "child killed by signal 9");
 }
 
+// The receiver of a 64 MiB message closes once the data started to flow: close() waits for the
+// writes the sender had posted (rxm over tcp crashed closing the endpoint under one), the send
+// ends within the bound, and the same listener accepts the sender's next connection.
+void closing_receiver(Channel& channel) {
+  std::vector<std::byte> buffer(kHuge);
+  PostedReceive posted(channel, buffer);
+  bool done = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (!done && std::chrono::steady_clock::now() < until) {
+    (void)posted.in->test(posted.receive, done, {});
+  }
+  posted.in->close();
+  channel.send_value(1);
+  std::unique_ptr<RecvComm> again = accept_one(posted.listener, 20s);
+  std::vector<std::byte> small(4096);
+  MemoryRegion region = again->register_memory(small.data(), small.size());
+  RecvBuffer target{small.data(), small.size(), 2, region};
+  Request* receive = nullptr;
+  require(again->irecv({&target, 1}, receive) == Status::kOk, again->last_error());
+  require(finish(*again, receive) == small.size(), "the second connection's message");
+  require(check_pattern(small, 8).empty(), check_pattern(small, 8));
+  channel.send_value(2);
+}
+
+void sender_then_reconnect(Channel& channel) {
+  std::vector<std::byte> buffer(kHuge);
+  fill_pattern(buffer, 7);
+  Context context(death_config());
+  const Handle handle = recv_handle(channel);
+  std::unique_ptr<SendComm> out = connect_one(context, handle);
+  MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
+  Request* send = nullptr;
+  require(out->isend(buffer.data(), buffer.size(), 1, region, send) == Status::kOk,
+          out->last_error());
+  bool done = false;
+  Status status = Status::kOk;
+  std::chrono::steady_clock::time_point closed{};
+  poll_until([&] { return done; },
+             [&] {
+               status = out->test(send, done, {});
+               if (closed == std::chrono::steady_clock::time_point{} && channel.readable()) {
+                 closed = std::chrono::steady_clock::now();
+               }
+             },
+             "the send", 60s);
+  std::fprintf(stderr, "send to a receiver that closed: %s %s\n",
+               std::string(to_string(status)).c_str(), out->last_error().c_str());
+  require(status == Status::kOk || status == Status::kPeerError,
+          "the send ended " + std::string(to_string(status)) + ": " + out->last_error());
+  require(closed == std::chrono::steady_clock::time_point{} ||
+              std::chrono::steady_clock::now() - closed < kBound,
+          "the send's end took longer than the bound");
+  out->close();
+  require(channel.recv_value<int>() == 1, "receiver out of step");
+  std::unique_ptr<SendComm> again = connect_one(context, handle, 20s);
+  std::vector<std::byte> small(4096);
+  fill_pattern(small, 8);
+  MemoryRegion small_region = again->register_memory(small.data(), small.size());
+  Request* message = nullptr;
+  require(again->isend(small.data(), small.size(), 2, small_region, message) == Status::kOk,
+          again->last_error());
+  finish(*again, message);
+  require(channel.recv_value<int>() == 2, "receiver out of step");
+}
+
+TEST_CASE("p2p a receiver that closes with a 64 MiB send in flight, then accepts again",
+          "[death]") {
+  auto failure = run_pair(sender_then_reconnect, closing_receiver);
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
 }  // namespace
 }  // namespace loom::test
