@@ -145,7 +145,7 @@ void SendCommImpl::advance(Request& r) {
         schedule_flush();
       }
     }
-    if (r.cts_matched && r.status == Status::kOk) post_stripes(r);
+    if (r.cts_matched && r.status == Status::kOk && sendable) post_stripes(r);
   }
   update_done(r);
 }
