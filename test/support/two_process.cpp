@@ -3,8 +3,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <string_view>
 #include <thread>
 
+#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -70,6 +72,25 @@ void Channel::barrier() {
   require(recv_value<std::uint32_t>() == 0xB4B4B4B4, "channel: barrier out of step");
 }
 
+namespace {
+
+// A process killed by a signal leaves its shm provider regions in /dev/shm ("<pid>:..."):
+// 16 MB each, and a later process that gets the same pid (pid_max is 32768 here) fails to open
+// its endpoints with EBUSY.
+void remove_shm_regions(pid_t pid) {
+  const std::string prefix = std::to_string(pid) + ":";
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (std::string_view(entry->d_name).starts_with(prefix)) {
+      ::unlink((std::string("/dev/shm/") + entry->d_name).c_str());
+    }
+  }
+  ::closedir(dir);
+}
+
+}  // namespace
+
 std::string run_pair(const std::function<void(Channel&)>& parent_role,
                      const std::function<void(Channel&)>& child_role,
                      std::chrono::seconds timeout) {
@@ -110,6 +131,7 @@ std::string run_pair(const std::function<void(Channel&)>& parent_role,
     }
     std::this_thread::sleep_for(5ms);
   }
+  if (WIFSIGNALED(status)) remove_shm_regions(child);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string why = WIFSIGNALED(status)
                           ? "child killed by signal " + std::to_string(WTERMSIG(status))
