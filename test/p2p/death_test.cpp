@@ -123,11 +123,11 @@ void dying_receiver(Channel& channel) {
   ::raise(SIGKILL);
 }
 
-void pending_sender(Channel& channel) {
+// Sends one 64 MiB message to the peer behind `handle` and tests it until it ends: kOk or
+// kPeerError, within kBound of the moment the channel showed the receiver gone (`what` it did).
+void send_until_ended(Channel& channel, Context& context, const Handle& handle, const char* what) {
   std::vector<std::byte> buffer(kHuge);
   fill_pattern(buffer, 7);
-  Context context(death_config());
-  const Handle handle = recv_handle(channel);
   std::unique_ptr<SendComm> out = connect_one(context, handle);
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
   Request* send = nullptr;
@@ -144,7 +144,7 @@ void pending_sender(Channel& channel) {
                }
              },
              "the send", 60s);
-  std::fprintf(stderr, "send to a receiver that was killed: %s %s\n",
+  std::fprintf(stderr, "send to a receiver that %s: %s %s\n", what,
                std::string(to_string(status)).c_str(), out->last_error().c_str());
   require(status == Status::kOk || status == Status::kPeerError,
           "the send ended " + std::string(to_string(status)) + ": " + out->last_error());
@@ -152,6 +152,11 @@ void pending_sender(Channel& channel) {
               std::chrono::steady_clock::now() - ended < kBound,
           "the send's end took longer than the bound");
   out->close();
+}
+
+void pending_sender(Channel& channel) {
+  Context context(death_config());
+  send_until_ended(channel, context, recv_handle(channel), "was killed");
 }
 
 TEST_CASE("p2p a receiver killed with a 64 MiB send in flight ends the send within bounds",
@@ -186,34 +191,9 @@ void closing_receiver(Channel& channel) {
 }
 
 void sender_then_reconnect(Channel& channel) {
-  std::vector<std::byte> buffer(kHuge);
-  fill_pattern(buffer, 7);
   Context context(death_config());
   const Handle handle = recv_handle(channel);
-  std::unique_ptr<SendComm> out = connect_one(context, handle);
-  MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-  Request* send = nullptr;
-  require(out->isend(buffer.data(), buffer.size(), 1, region, send) == Status::kOk,
-          out->last_error());
-  bool done = false;
-  Status status = Status::kOk;
-  std::chrono::steady_clock::time_point closed{};
-  poll_until([&] { return done; },
-             [&] {
-               status = out->test(send, done, {});
-               if (closed == std::chrono::steady_clock::time_point{} && channel.readable()) {
-                 closed = std::chrono::steady_clock::now();
-               }
-             },
-             "the send", 60s);
-  std::fprintf(stderr, "send to a receiver that closed: %s %s\n",
-               std::string(to_string(status)).c_str(), out->last_error().c_str());
-  require(status == Status::kOk || status == Status::kPeerError,
-          "the send ended " + std::string(to_string(status)) + ": " + out->last_error());
-  require(closed == std::chrono::steady_clock::time_point{} ||
-              std::chrono::steady_clock::now() - closed < kBound,
-          "the send's end took longer than the bound");
-  out->close();
+  send_until_ended(channel, context, handle, "closed");
   require(channel.recv_value<int>() == 1, "receiver out of step");
   std::unique_ptr<SendComm> again = connect_one(context, handle, 20s);
   std::vector<std::byte> small(4096);
