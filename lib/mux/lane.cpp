@@ -48,14 +48,14 @@ Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey 
   control_ = std::make_unique<ControlChannel>(all.subspan(rails_->data_rails()),
                                               static_cast<ControlSink&>(*this));
   slots_.resize(kInitialCommSlots);
-  retries_.reserve(kInitialCommSlots);
-  retrying_.reserve(kInitialCommSlots);
+  deferred_ids_.reserve(kInitialCommSlots);
+  running_ids_.reserve(kInitialCommSlots);
   util::log().debug("lane {} opened: {} data + {} control rails", id_, rails_->data_rails(),
                     rails_->control_rails());
 }
 
 Lane::~Lane() {
-  if (!retries_.empty()) deferred_lanes_->fetch_sub(1, std::memory_order_relaxed);
+  if (!deferred_ids_.empty()) deferred_lanes_->fetch_sub(1, std::memory_order_relaxed);
   // Operations of retired communicators (sends to a peer that went away) get a last chance to
   // complete, with an error where the connection is gone: rxm crashes closing an endpoint
   // whose write is still queued on a connection the peer reset.
@@ -123,21 +123,21 @@ ofi::Address Lane::peer_address(std::size_t rail, std::span<const std::byte> nam
   return address;
 }
 
-void Lane::run_retries() {
-  if (retries_.empty()) return;
-  deferred_.store(false, std::memory_order_relaxed);
+void Lane::run_deferred() {
+  if (deferred_ids_.empty()) return;
+  has_deferred_.store(false, std::memory_order_relaxed);
   deferred_lanes_->fetch_sub(1, std::memory_order_relaxed);
-  retrying_.swap(retries_);
-  for (CommId id : retrying_) {
-    if (CommPort* port = port_of(id)) port->on_retry();
+  running_ids_.swap(deferred_ids_);
+  for (CommId id : running_ids_) {
+    if (CommPort* port = port_of(id)) port->on_deferred();
   }
-  retrying_.clear();
+  running_ids_.clear();
 }
 
 std::size_t Lane::progress() {
   // Batched control messages and posts held back by back-pressure go first, so what the peer
   // waits for leaves before we look for what we wait for.
-  run_retries();
+  run_deferred();
   const std::size_t handled = rails_->progress();
   control_->retry_reposts();
   if (!retired_.empty()) [[unlikely]]

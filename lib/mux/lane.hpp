@@ -49,8 +49,9 @@ class CommPort {
   virtual ~CommPort() = default;
   virtual void on_control(const ControlHeader& header, std::span<const std::byte> body) = 0;
   virtual void on_remote_write(WriteImmediate immediate) = 0;
-  // Called from Lane::progress after schedule_retry(): post what back-pressure held back.
-  virtual void on_retry() = 0;
+  // Called from Lane::progress after defer(): the work the communicator deferred (its control
+  // batch, posts back-pressure held back).
+  virtual void on_deferred() = 0;
   // Closed and retired (Lane::retire): whether the provider handed back all its operations.
   [[nodiscard]] virtual bool drained() const noexcept = 0;
   // Retired, and its lane closing: its registrations (held for the operations still out) go
@@ -68,7 +69,7 @@ struct LaneStats {
 class Lane final : ofi::RemoteWriteHandler, ControlSink {
  public:
   // Opens the rails where `placement` puts them; depths and cache size from `shape`.
-  // `deferred_lanes` counts the lanes with retries scheduled (see LaneRegistry::flush_deferred);
+  // `deferred_lanes` counts the lanes with deferred work (see LaneRegistry::any_deferred);
   // it must outlive the lane.
   Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey key, std::uint64_t id,
        std::atomic<std::size_t>& deferred_lanes);
@@ -95,24 +96,29 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   // drained() (looked at after each progress), or after the lane's endpoints are closed, so no
   // completion can touch freed memory.
   void retire(std::unique_ptr<CommPort> port);
-  // Asks for port.on_retry() at the next progress. The caller asks once until on_retry runs.
-  void schedule_retry(CommId id) {
-    if (retries_.empty()) {
-      deferred_.store(true, std::memory_order_relaxed);
+  // Asks for port.on_deferred() at the next progress. The caller asks once until it runs.
+  void defer(CommId id) {
+    if (deferred_ids_.empty()) {
+      has_deferred_.store(true, std::memory_order_relaxed);
       deferred_lanes_->fetch_add(1, std::memory_order_relaxed);
     }
-    retries_.push_back(id);
+    deferred_ids_.push_back(id);
   }
-  // Whether retries are scheduled; readable without the lane's mutex (a hint, not a promise).
-  [[nodiscard]] bool deferred() const noexcept { return deferred_.load(std::memory_order_relaxed); }
+  // Whether work is deferred; readable without the lane's mutex (a hint, not a promise).
+  [[nodiscard]] bool has_deferred() const noexcept {
+    return has_deferred_.load(std::memory_order_relaxed);
+  }
 
   // The peer's address on rail `rail`, inserted into that rail's AV once.
   ofi::Address peer_address(std::size_t rail, std::span<const std::byte> name);
 
-  // Runs the scheduled retries, then polls the completion queues.
+  // Runs the deferred work, then polls the completion queues. This is when a control message
+  // batched by a communicator (clear-to-send, ready-to-send) leaves the host: at the next
+  // progress of its lane, i.e. the next isend/irecv/test on any communicator of the lane, or
+  // of another lane of the context (Comm::kick_other_lanes), or when its batch fills.
   std::size_t progress();
-  // Only the scheduled retries: batched control messages and posts back-pressure held back.
-  void run_retries();
+  // Only the deferred work.
+  void run_deferred();
 
   [[nodiscard]] LaneStats stats() const noexcept;
 
@@ -154,9 +160,9 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   std::vector<Slot> slots_;  // indexed by the id's low bits; a power of two, grows by doubling
   std::size_t attached_ = 0;
   CommId next_id_ = 0;  // wraps: the generation counter
-  std::vector<CommId> retries_;
-  std::vector<CommId> retrying_;
-  std::atomic<bool> deferred_{false};
+  std::vector<CommId> deferred_ids_;
+  std::vector<CommId> running_ids_;
+  std::atomic<bool> has_deferred_{false};
   std::atomic<std::size_t>* deferred_lanes_;
   std::map<std::pair<std::size_t, std::vector<std::byte>>, ofi::Address> peers_;
   util::SpinLock mutex_;

@@ -78,13 +78,13 @@ void LaneRegistry::progress_another(const Lane& busy) {
   if (lane_lock.owns_lock()) lane->progress();
 }
 
-void LaneRegistry::flush_deferred(const Lane& busy) {
+void LaneRegistry::run_deferred_elsewhere(const Lane& busy) {
   std::unique_lock registry(mutex_, std::try_to_lock);
   if (!registry.owns_lock()) return;
   for (Lane* lane : order_) {
-    if (lane == &busy || !lane->deferred()) continue;
+    if (lane == &busy || !lane->has_deferred()) continue;
     std::unique_lock lane_lock(lane->mutex(), std::try_to_lock);
-    if (lane_lock.owns_lock()) lane->run_retries();
+    if (lane_lock.owns_lock()) lane->run_deferred();
   }
 }
 

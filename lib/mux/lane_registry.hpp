@@ -71,15 +71,16 @@ class LaneRegistry {
   // their own lanes from ever waiting on each other.
   void progress_another(const Lane& busy);
 
-  // Whether some lane holds batched control messages or posts for its next progress. A
-  // communicator that waits on one lane flushes the others' (flush_deferred): the clear-to-send
-  // of receives just posted must not wait until the application tests one of them, while it
-  // waits on a send of another lane (a receiver that posts the next window, then acks).
-  [[nodiscard]] bool has_deferred() const noexcept {
+  // Whether some lane holds deferred work (batched control messages, posts held back) for its
+  // next progress. A communicator that waits on one lane runs the others'
+  // (run_deferred_elsewhere): the clear-to-send of receives just posted must not wait until
+  // the application tests one of them, while it waits on a send of another lane (a receiver
+  // that posts the next window, then acks).
+  [[nodiscard]] bool any_deferred() const noexcept {
     return deferred_lanes_.load(std::memory_order_relaxed) != 0;
   }
-  // Runs the scheduled retries of the lanes other than `busy` that no other thread holds.
-  void flush_deferred(const Lane& busy);
+  // Runs the deferred work of the lanes other than `busy` that no other thread holds.
+  void run_deferred_elsewhere(const Lane& busy);
 
   [[nodiscard]] RegistryStats stats() const;
   [[nodiscard]] unsigned ngroups() const noexcept { return ngroups_; }
@@ -96,7 +97,7 @@ class LaneRegistry {
   LaneShape shape_;
   unsigned ngroups_;
   mutable std::mutex mutex_;
-  std::atomic<std::size_t> deferred_lanes_{0};  // lanes with retries scheduled; outlives them
+  std::atomic<std::size_t> deferred_lanes_{0};  // lanes with deferred work; outlives them
   std::map<LaneKey, Entry> lanes_;
   std::vector<Lane*> order_;  // lanes for progress_another, in opening order
   std::size_t cursor_ = 0;

@@ -12,9 +12,6 @@
 namespace loom::p2p {
 namespace {
 
-// How long close() waits for the provider to hand back operations of the communicator before
-// leaving them to the lane (freed when its endpoints close).
-constexpr auto kCloseDrain = std::chrono::milliseconds(200);
 // Unfinished test() calls between looks at the clock for the peer's liveness.
 constexpr unsigned kPollsPerLivenessCheck = 256;
 static_assert((kPollsPerLivenessCheck & (kPollsPerLivenessCheck - 1)) == 0);
@@ -188,31 +185,30 @@ Request* Comm::allocate(RequestKind kind) {
   r.kind = kind;
   r.in_use = true;
   r.released = false;
-  r.queued = false;
+  r.backpressured = false;
   r.part_count = 0;
   r.ops_outstanding = 0;
   r.status = Status::kOk;
-  r.eager = r.eager_posted = r.local_done = r.rts_sent = r.cts_matched = r.cts_sent = false;
-  r.rts_needed = r.rts_queued = r.cts_queued = r.abandoned = false;
   r.stripes = r.stripes_posted = r.stripes_done = 0;
+  r.ready_to_send = ReadyToSendState::kNotNeeded;
   r.error.clear();
   return &r;
 }
 
-void Comm::queue_retry(Request& request) {
-  if (!request.queued) {
-    request.queued = true;
+void Comm::retry_later(Request& request) {
+  if (!request.backpressured) {
+    request.backpressured = true;
     retry_.push_back(&request);
   }
-  schedule_flush();
+  defer();
 }
 
-void Comm::on_retry() {
-  retry_scheduled_ = false;
-  flush_control();
+void Comm::on_deferred() {
+  deferred_ = false;
+  send_control_batch();
   retrying_.swap(retry_);
   for (Request* r : retrying_) {
-    r->queued = false;
+    r->backpressured = false;
     if (r->in_use) advance(*r);
   }
   retrying_.clear();
@@ -262,7 +258,7 @@ Status Comm::poll(Request* request, bool& done, std::span<std::size_t> sizes,
     if ((++liveness_polls_ & (kPollsPerLivenessCheck - 1)) == 0) [[unlikely]]
       check_peer();
     lock.unlock();
-    flush_other_lanes();
+    kick_other_lanes();
     // Our lane had nothing to do: now and then give another a turn (see
     // LaneRegistry::progress_another). Not every time: on shm each poll contends for the
     // peer's queue lock.
@@ -326,80 +322,6 @@ Status Comm::wait(Request* request, std::span<std::size_t> sizes,
   }
 }
 
-void Comm::peer_lost(std::string why, bool warn) {
-  if (peer_ == PeerState::kLost) return;
-  peer_ = PeerState::kLost;
-  peer_gone_ = std::move(why);
-  if (warn) util::log().warn("comm {} on lane {}: {}", id_, lane_->id(), peer_gone_);
-  fail_all(Status::kPeerError, peer_gone_);
-}
-
-void Comm::on_peer_close(std::span<const std::byte> body) {
-  if (peer_gone()) return;
-  CloseNotice notice;
-  if (const char* why = decode_close(body, notice)) [[unlikely]] {
-    peer_lost(std::string("the peer closed the communicator with a bad close notice: ") + why);
-    return;
-  }
-  peer_ = PeerState::kClosed;
-  peer_gone_ = "the peer closed the communicator";
-  close_deadline_ =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(core_->config().peer_timeout_ms);
-  util::log().debug("comm {} on lane {}: the peer closed; it finished messages below {}", id_,
-                    lane_->id(), notice.complete_below);
-  fail_unfinished(notice, peer_gone_);
-}
-
-CloseNotice Comm::notice_for(std::uint32_t next, const std::vector<std::uint32_t>& unfinished) {
-  std::uint32_t below = next;
-  for (std::uint32_t seq : unfinished)
-    if (seq_before(seq, below)) below = seq;
-  CloseNotice notice{.complete_below = below};
-  // In-flight sequence numbers lie within kSeqWindow; one beyond the span counts unfinished.
-  notice.span = static_cast<std::uint16_t>(std::min<std::uint32_t>(next - below, kCloseWindow));
-  for (std::uint32_t offset = 0; offset < notice.span; ++offset) notice.set_finished(offset);
-  for (std::uint32_t seq : unfinished) {
-    const std::uint32_t offset = seq - below;
-    if (offset < notice.span) {
-      notice.finished_bits[offset / 8] &= static_cast<std::uint8_t>(~(1u << (offset % 8)));
-    }
-  }
-  return notice;
-}
-
-bool Comm::on_liveness(const mux::ControlHeader& header) {
-  last_heard_ = std::chrono::steady_clock::now();
-  const auto type = static_cast<MessageType>(header.type);
-  if (type == MessageType::kPing) {
-    // Lost to back-pressure, the next ping asks again.
-    if (!closed_ && !peer_control_.empty()) send_control(MessageType::kPong, 0, {});
-    return true;
-  }
-  return type == MessageType::kPong;
-}
-
-void Comm::check_peer() {
-  if (peer_ == PeerState::kLost || closed_ || peer_control_.empty()) return;
-  const auto now = std::chrono::steady_clock::now();
-  const auto timeout = std::chrono::milliseconds(core_->config().peer_timeout_ms);
-  if (peer_ == PeerState::kClosed) {
-    // What the notice left pending had that long to finish.
-    if (now > close_deadline_) settle_after_close();
-    return;
-  }
-  if (now - last_heard_ > timeout) {
-    peer_lost("no sign of life from the peer for LOOM_PEER_TIMEOUT_MS (" +
-              std::to_string(timeout.count()) + " ms): taken as dead");
-    return;
-  }
-  if (now < next_ping_) return;
-  next_ping_ = now + timeout / 4;
-  const Status status = send_control(MessageType::kPing, 0, {});
-  if (status != Status::kOk && status != Status::kRetry) {
-    peer_lost("the peer is unreachable (" + last_error_ + ")");
-  }
-}
-
 CommStats Comm::stats() const {
   // Under the lane lock: completions of this communicator's receives (eager and rendezvous
   // counts) may be handled by another thread progressing the shared lane.
@@ -415,82 +337,10 @@ CommStats Comm::stats() const {
 
 void Comm::fail_all(Status status, const std::string& text) {
   for (Request& r : requests_.built()) {
-    if (!r.in_use) continue;
-    bool all_done = true;
-    for (std::size_t i = 0; i < r.part_count; ++i) all_done = all_done && r.parts[i].done;
-    if (all_done) continue;  // its outcome is decided: test() reports it
+    if (!r.in_use || r.decided()) continue;  // a decided request keeps its outcome
     r.fail(status, text);
-    for (std::size_t i = 0; i < r.part_count; ++i) {
-      Part& part = r.parts[i];
-      if (part.done) continue;
-      part.status = status;
-      // A part whose receive is still posted finishes when its cancellation completes.
-      if (!part.recv_outstanding) part.done = true;
-    }
-    cancel(r);
+    for (std::size_t i = 0; i < r.part_count; ++i) fail_part(r, r.parts[i], status);
   }
-}
-
-void Comm::close(std::unique_ptr<Comm> self) {
-  if (!self || self->closed_) return;
-  mux::Lane& lane = *self->lane_;
-  bool drained = false;
-  {
-    std::unique_lock lock(lane.mutex());
-    // A close notice from the peer may be waiting: then the peer's endpoints may be gone, and
-    // some providers (shm) cannot take a message for a closed endpoint.
-    self->closed_ = true;
-    lane.progress();
-    util::log().debug("closing comm {} on lane {} (peer comm {}{})", self->id_, lane.id(),
-                      self->peer_id_, self->peer_gone() ? ", the peer is gone" : "");
-    const auto deadline = std::chrono::steady_clock::now() + kCloseDrain;
-    if (!self->peer_gone() && !self->peer_control_.empty()) {
-      // Tells the peer how far we got, so that what arrived stays delivered over there.
-      std::byte body[close_notice_bytes(kCloseWindow)];
-      const std::size_t length = encode_close(self->close_notice(), body);
-      Status sent = self->send_control(MessageType::kClose, 0, {body, length}, true);
-      while (sent == Status::kRetry && std::chrono::steady_clock::now() < deadline) {
-        lane.progress();
-        sent = self->send_control(MessageType::kClose, 0, {body, length}, true);
-      }
-    }
-    self->fail_all(Status::kCancelled, "communicator closed");
-    // The close notice, too, must have left before the lane (perhaps) closes its endpoints.
-    while ((!self->drained() || lane.control().sends_in_flight()) &&
-           std::chrono::steady_clock::now() < deadline) {
-      lane.progress();
-      lock.unlock();
-      std::this_thread::yield();
-      lock.lock();
-    }
-    // A receiver whose announced buffers a peer may still be writing into waits for those
-    // writes: an endpoint closed under one (rxm over tcp crashes), or a buffer given back to
-    // the application under one, is worse than a slower close.
-    const auto writes_deadline = std::chrono::steady_clock::now() +
-                                 std::chrono::milliseconds(self->core_->config().peer_timeout_ms);
-    while (self->writes_may_arrive() && !self->peer_gone() &&
-           std::chrono::steady_clock::now() < writes_deadline) {
-      lane.progress();
-      lock.unlock();
-      std::this_thread::yield();
-      lock.lock();
-    }
-    drained = self->drained();
-    // Operations still out keep using their registrations until the lane frees them.
-    if (drained) self->release_registrations();
-    lane.detach(self->id_);
-  }
-  std::shared_ptr<ContextCore> core = std::move(self->core_);
-  if (!drained) {
-    util::log().info(
-        "communicator {} on lane {} closed with operations in flight; the lane "
-        "frees it once they complete",
-        self->id_, lane.id());
-    std::lock_guard lock(lane.mutex());
-    lane.retire(std::move(self));
-  }
-  self.reset();
-  core->lanes().leave(lane);
 }
 
 }  // namespace loom::p2p

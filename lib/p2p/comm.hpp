@@ -1,6 +1,9 @@
 // What send and receive communicators share: their lane, the peer's addresses, registrations,
-// the request pool, the retry list, test/wait and close. The protocols are in send_comm.cpp and
-// recv_comm.cpp.
+// the request pool, back-pressure retries, test/wait, liveness and close.
+//
+// Work a communicator cannot do at once is deferred to its lane's next progress
+// (mux::Lane::defer): control entries batched for one message (send_control_batch) and posts
+// the provider pushed back (retry_later). See mux::Lane::progress for when they leave.
 #pragma once
 
 #include <array>
@@ -83,26 +86,22 @@ class Comm : public mux::CommPort {
   const ofi::MemoryRegistration* lookup(const MemoryRegion& region, const void* data,
                                         std::size_t size);
   Status reject(Status status, std::string text);  // records last_error_
-  void queue_retry(Request& request);
+  // The provider pushed back: advance() runs again at the lane's next progress.
+  void retry_later(Request& request);
   // Where the peer stands. kClosed: it closed its end and said how far it got (its close
   // notice): what it sent or received before that still finishes here; the rest failed.
   // kLost: dead, unreachable or silent; everything pending failed.
   enum class PeerState : std::uint8_t { kConnected, kClosed, kLost };
   [[nodiscard]] bool peer_gone() const noexcept { return peer_ != PeerState::kConnected; }
 
-  // Inline: test() asks it once or twice per call.
+  // Inline: test() asks it once or twice per call. Every part is decided, and the provider
+  // holds none of the request's operations, except sends to a peer that is gone: those may
+  // never complete (shm waits for the peer to take them), and a send only reads its buffer
+  // (see Request::released). A receive is never reported while the provider may still write
+  // into its buffer.
   [[nodiscard]] bool finished(const Request& r) const noexcept {
-    // Operations to a peer that is gone may never complete (shm waits for the peer to take
-    // them): a request whose every part is decided is reported anyway (see Request::released).
-    if (r.ops_outstanding != 0 && !(peer_gone() && all_parts_done(r))) return false;
-    // The peer must have heard what it waits for: a receive's clear-to-send (its sender cannot
-    // finish without it, even when the data already came). A send's ready-to-send is part of
-    // its parts' done state (SendCommImpl::update_done).
-    const bool told = r.kind != RequestKind::kRecv || r.cts_sent;
-    if (!told && !closed_ && !peer_gone()) return false;
-    for (std::size_t i = 0; i < r.part_count; ++i)
-      if (!r.parts[i].done) return false;
-    return true;
+    if (!r.decided()) return false;
+    return r.ops_outstanding == 0 || (r.kind == RequestKind::kSend && peer_gone());
   }
   // Sends a control message to the peer: kOk, kRetry (back-pressure) or kError (logged).
   // `confirmed`: see mux::ControlChannel::send.
@@ -110,14 +109,11 @@ class Comm : public mux::CommPort {
                       bool confirmed = false);
   // A batch of `what` its encoder refused: kError with last_error_ set (logged once).
   [[gnu::cold]] Status refuse_batch(const char* what);
-  [[nodiscard]] static bool all_parts_done(const Request& r) noexcept {
-    for (std::size_t i = 0; i < r.part_count; ++i)
-      if (!r.parts[i].done) return false;
-    return true;
-  }
-  // Every request not finished yet fails with `status`/`text`; posted receives are cancelled.
-  // A request whose parts all finished keeps its outcome: it was delivered.
+  // Every request not decided yet fails with `status`/`text`; posted receives are cancelled.
+  // A request whose parts are all decided keeps its outcome: it was delivered.
   void fail_all(Status status, const std::string& text);
+  // An undecided part of `request` fails (the request's status says why).
+  virtual void fail_part(Request& request, Part& part, Status status) = 0;
   // The peer is gone (dead or unreachable): every request fails, new ones are refused.
   void peer_lost(std::string why, bool warn = true);
   // The peer's close notice: which messages it finished. Fails what the peer will never
@@ -144,27 +140,26 @@ class Comm : public mux::CommPort {
   // lost when nothing came back for LOOM_PEER_TIMEOUT_MS (or a ping cannot be sent).
   void check_peer();
 
-  // Posts whatever `request` is ready for; queues it for retry on back-pressure.
+  // Posts whatever `request` is ready for; retry_later() on back-pressure.
   virtual void advance(Request& request) = 0;
-  // Sends the batched control entries; called at the lane's next progress (see on_retry).
-  virtual void flush_control() = 0;
-  // Asks for on_retry() (flush_control() and retries) at the lane's next progress.
-  void schedule_flush() {
-    if (!retry_scheduled_) {
-      retry_scheduled_ = true;
-      lane_->schedule_retry(id_);
+  // Sends the batched control entries (clear-to-sends or ready-to-sends) in one message.
+  virtual void send_control_batch() = 0;
+  // Asks for on_deferred() at the lane's next progress.
+  void defer() {
+    if (!deferred_) {
+      deferred_ = true;
+      lane_->defer(id_);
     }
   }
-  // Sends what other lanes of the context batched for their next progress (see
-  // LaneRegistry::flush_deferred); costs one relaxed load when there is nothing.
-  void flush_other_lanes() {
-    if (lanes_.has_deferred()) [[unlikely]]
-      lanes_.flush_deferred(*lane_);
+  // Runs the work other lanes of the context deferred (see LaneRegistry::run_deferred_elsewhere);
+  // costs one relaxed load when there is none.
+  void kick_other_lanes() {
+    if (lanes_.any_deferred()) [[unlikely]]
+      lanes_.run_deferred_elsewhere(*lane_);
   }
-  // Cancels posted receives of `request` (closing); the cancellations complete later.
-  virtual void cancel(Request& request) = 0;
 
-  void on_retry() override;
+  // The lane's next progress: the control batch leaves, back-pressured requests advance.
+  void on_deferred() override;
 
   std::shared_ptr<ContextCore> core_;
   mux::LaneRegistry& lanes_;  // core_'s, held here for the hot path
@@ -188,12 +183,12 @@ class Comm : public mux::CommPort {
   std::vector<Registration> registrations_;
   std::vector<std::uint32_t> free_registrations_;
   RequestPool requests_;
-  std::vector<Request*> retry_;
+  std::vector<Request*> retry_;  // back-pressured requests
   std::vector<Request*> retrying_;
   std::string last_error_;
   CommStats stats_;
   unsigned idle_polls_ = 0;
-  bool retry_scheduled_ = false;
+  bool deferred_ = false;  // on_deferred() is due at the lane's next progress
 };
 
 }  // namespace loom::p2p

@@ -1,7 +1,7 @@
-// The receiving side: posts each buffer up to the eager limit as an eager tagged receive and
-// announces every buffer to the sender with a clear-to-send (size, tag, address and a key per
-// data rail). Larger buffers are RDMA-write targets; so is a smaller one whose sender sends a
-// ready-to-send for it instead (its eager receive is cancelled).
+// The receiving communicator. Its protocol is spread over the files of each concern, next to
+// the sender's half: clear_to_send.cpp (posting order, announcing buffers), eager.cpp,
+// rendezvous.cpp (ready-to-send, remote writes), close.cpp; recv_comm.cpp holds irecv, iflush
+// and the dispatch of events to those.
 #pragma once
 
 #include <optional>
@@ -23,42 +23,47 @@ class RecvCommImpl final : public Comm {
   void on_remote_write(mux::WriteImmediate immediate) override;
 
  private:
-  struct Slot {
-    Request* request = nullptr;
-    std::uint8_t part = 0;
-  };
-  // A buffer in the clear-to-send batch.
-  struct Announced {
+  // One buffer of a request.
+  struct PartRef {
     Request* request = nullptr;
     std::uint8_t part = 0;
   };
 
   void advance(Request& request) override;
-  void cancel(Request& request) override;
+  // A part leaves for kCancelling (its eager receive is taken back first) or kFailed.
+  void fail_part(Request& request, Part& part, Status status) override;
+  void post_flush(Request& request);
+
+  // clear_to_send.cpp
+  // Posts the eager receives not posted yet, lowest sequence first, until the provider pushes
+  // back.
+  void post_in_order();
+  // Adds the request's parts in kToAnnounce to the clear-to-send batch (sending it first when
+  // it is full).
+  void announce(Request& request);
+  void send_control_batch() override;  // the clear-to-sends
+  // eager.cpp
+  // False when the provider pushed back (the request is queued for retry).
+  bool post_receive(Request& request, std::size_t index);
+  void on_eager(Request& request, Part& part, const ofi::Completion& completion);
+  // rendezvous.cpp
+  void on_ready_to_send(std::span<const std::byte> body);
+  void apply_ready_to_send(Request& request, std::size_t index, const RtsEntry& rts);
+  void finish_rendezvous(Part& part);
+  // The unfinished part for `seq` (compared on `mask` bits), or nullptr if none is.
+  Part* waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner, std::size_t* index);
+  // close.cpp
   [[nodiscard]] CloseNotice close_notice() override;
   void fail_unfinished(const CloseNotice& notice, const std::string& why) override;
   void settle_after_close() override;
   [[nodiscard]] bool writes_may_arrive() const noexcept override;
-  void flush_control() override;
-  // Posts the eager receives not posted yet, lowest sequence first, until the provider pushes
-  // back.
-  void post_in_order();
-  // False when the provider pushed back (the request is queued for retry).
-  bool post_receive(Request& request, std::size_t index);
-  // Adds the request's buffers whose receives are posted to the clear-to-send batch (flushing
-  // first when it is full).
-  void announce(Request& request);
-  void on_ready_to_send(std::span<const std::byte> body);
-  void apply_ready_to_send(Request& request, std::size_t index, const RtsEntry& rts);
-  // The part waiting for `seq` (compared on `mask` bits), or nullptr if none is.
-  Part* waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner, std::size_t* index);
-  void finish_rendezvous(Part& part);
+  void on_writes_posted(std::span<const std::byte> body);
 
   std::uint32_t next_seq_ = 0;
-  std::uint32_t post_next_ = 0;     // the lowest sequence whose receive may still need posting
-  std::vector<Slot> by_seq_;        // by seq % kSeqWindow
-  ClearToSend batch_;               // entries not sent yet
-  std::vector<Announced> batched_;  // the buffers they describe
+  std::uint32_t post_next_ = 0;   // the lowest sequence whose receive may still need posting
+  std::vector<PartRef> by_seq_;   // by seq % kSeqWindow
+  ClearToSend batch_;             // entries not sent yet
+  std::vector<PartRef> batched_;  // the buffers they describe
   std::size_t batch_limit_ = 0;
   // Closing with announced buffers unfinished: the writes the sender says it posted towards
   // them, and those seen (before the close in the parts, after it here).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -14,6 +15,7 @@
 #include "loom/p2p.hpp"
 #include "ofi/completion.hpp"
 #include "p2p/messages.hpp"
+#include "p2p/part_state.hpp"
 
 namespace loom::ofi {
 class MemoryRegistration;
@@ -30,6 +32,10 @@ inline constexpr std::size_t kMaxOps = kMaxParts;
 
 enum class RequestKind : std::uint8_t { kSend, kRecv, kFlush };
 
+// Sends: whether the receiver needs a ready-to-send for this message, and where it stands.
+// kDropped: wanted, but nothing more will be sent for the message (a post failed).
+enum class ReadyToSendState : std::uint8_t { kNotNeeded, kWanted, kBatched, kSent, kDropped };
+
 struct Part {
   std::byte* data = nullptr;
   std::size_t size = 0;  // buffer size (receives) or message size (sends)
@@ -38,21 +44,25 @@ struct Part {
   std::uint32_t seq = 0;
   std::size_t delivered = 0;
   Status status = Status::kOk;
-  bool done = false;
-  // Receives: the eager receive is posted / its completion (or cancellation) is pending.
-  bool recv_posted = false;
+  SendState send = SendState::kAwaitingClearance;  // sends
+  RecvState recv = RecvState::kAwaitingPost;       // receives and flushes
+  // Receives: the provider holds its eager receive (or its flush read); provider bookkeeping,
+  // not protocol state: a part is not finished while the provider may still write into it.
   bool recv_outstanding = false;
-  // Size and tag known from a ready-to-send or from a write that fills the buffer: the data
-  // comes by RMA write.
-  bool rendezvous = false;
   // Receives: above the eager limit, so no eager receive is posted and every message to it
   // comes by write (the clear-to-send says so).
   bool by_write = false;
-  // Receives: the buffer is in a clear-to-send batch / that batch went out.
-  bool announced = false;
-  bool told = false;
   std::uint8_t writes_expected = 0;
   std::uint8_t writes_seen = 0;
+
+  void to(SendState next) noexcept {
+    assert(legal(send, next) && "illegal send state transition");
+    send = next;
+  }
+  void to(RecvState next) noexcept {
+    assert(legal(recv, next) && "illegal receive state transition");
+    recv = next;
+  }
 };
 
 struct Request final : ofi::CompletionHandler {
@@ -62,27 +72,15 @@ struct Request final : ofi::CompletionHandler {
   // Reported to the user while the provider still held operations of it (the peer is gone and
   // they may never complete): the handle is dead, the record stays out of the pool.
   bool released = false;
-  bool queued = false;  // waiting in the communicator's retry list
+  bool backpressured = false;  // in the communicator's retry list
   std::uint8_t part_count = 0;
   std::uint8_t ops_outstanding = 0;
   Status status = Status::kOk;
-  // Sends.
-  bool eager = false;
-  bool eager_posted = false;
-  bool local_done = false;  // eager send completed locally
-  // The receiver must hear size and tag from a ready-to-send: the message does not fill its
-  // buffer, is refused, or goes by write where an eager receive waits (see SendCommImpl::match).
-  bool rts_needed = false;
-  bool rts_queued = false;  // in the ready-to-send batch
-  bool rts_sent = false;
-  bool cts_matched = false;
-  bool abandoned = false;  // a post failed for good: nothing more will be sent
+  // Sends: the writes that carry a rendezvous message, and its ready-to-send.
   std::uint8_t stripes = 0;
   std::uint8_t stripes_posted = 0;
   std::uint8_t stripes_done = 0;
-  // Receives.
-  bool cts_queued = false;  // every buffer is in a clear-to-send batch
-  bool cts_sent = false;    // every buffer's clear-to-send went out
+  ReadyToSendState ready_to_send = ReadyToSendState::kNotNeeded;
   std::array<Part, kMaxParts> parts;
   std::array<ofi::OpContext, kMaxOps> ops;
   std::string error;  // why status is not kOk (allocates only on errors)
@@ -97,6 +95,14 @@ struct Request final : ofi::CompletionHandler {
       status = why;
       error = std::move(text);
     }
+  }
+  // Every part reached kDone or kFailed.
+  [[nodiscard]] bool decided() const noexcept {
+    for (std::size_t i = 0; i < part_count; ++i) {
+      if (kind == RequestKind::kSend ? !terminal(parts[i].send) : !terminal(parts[i].recv))
+        return false;
+    }
+    return true;
   }
 };
 

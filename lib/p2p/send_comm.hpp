@@ -1,9 +1,13 @@
-// The sending side: eager tagged sends into posted eager receives, RDMA writes otherwise.
+// The sending communicator. Its protocol is spread over the files of each concern, next to the
+// receiver's half: clear_to_send.cpp (matching a message to the buffer announced for it),
+// eager.cpp, rendezvous.cpp (writes and ready-to-send), close.cpp; send_comm.cpp holds isend
+// and the dispatch of events to those.
 #pragma once
 
 #include <vector>
 
 #include "p2p/comm.hpp"
+#include "p2p/verdict.hpp"
 
 namespace loom::p2p {
 
@@ -19,29 +23,37 @@ class SendCommImpl final : public Comm {
   void on_remote_write(mux::WriteImmediate immediate) override;
 
  private:
-  // What the receiver told us about the buffer posted for one sequence number.
+  // What the receiver announced about the buffer posted for one sequence number.
   struct Clearance {
     bool valid = false;
     std::uint32_t seq = 0;
-    std::uint64_t size = 0;
-    std::uint32_t tag = 0;
+    BufferFacts buffer;
     bool eager_receive = true;
-    bool refused = false;
     std::uint64_t address = 0;
   };
 
   void advance(Request& request) override;
-  void cancel(Request&) override {}  // sends are not cancelled: they complete or fail
+  // A part of `request` leaves for kFailed or kFailing (what it owes drains first).
+  void fail_part(Request& request, Part& part, Status status) override;
+  // Moves a part whose last event arrived to kDone or kFailed.
+  void settle(Request& request);
+
+  // clear_to_send.cpp
+  void on_clear_to_send(std::span<const std::byte> body);
+  void match(Request& request);
+  // eager.cpp
+  void post_eager(Request& request);
+  // rendezvous.cpp
+  void queue_ready_to_send(Request& request);
+  void send_control_batch() override;  // the ready-to-sends
+  void post_stripes(Request& request);
+  [[nodiscard]] std::uint8_t stripe_count(std::size_t size) const noexcept;
+  [[gnu::cold]] void fail_send(Request& request, const ofi::Completion& completion);
+  // close.cpp
   [[nodiscard]] CloseNotice close_notice() override;
   void fail_unfinished(const CloseNotice& notice, const std::string& why) override;
   void settle_after_close() override;
-  void flush_control() override;
-  void match(Request& request);
-  void post_stripes(Request& request);
-  void update_done(Request& request);
   void send_writes_posted(const CloseNotice& notice);
-  [[gnu::cold]] void fail_send(Request& request, const ofi::Completion& completion);
-  [[nodiscard]] std::uint8_t stripe_count(std::size_t size) const noexcept;
 
   std::uint32_t next_seq_ = 0;
   std::size_t min_stripe_;

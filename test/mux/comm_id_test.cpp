@@ -23,7 +23,7 @@ struct RecordingPort final : mux::CommPort {
     types.push_back(header.type);
   }
   void on_remote_write(mux::WriteImmediate) override {}
-  void on_retry() override {}
+  void on_deferred() override {}
   [[nodiscard]] bool drained() const noexcept override { return true; }
   void abandon_registrations() noexcept override {}
 };

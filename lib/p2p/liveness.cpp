@@ -1,0 +1,53 @@
+// Liveness: while requests wait on the peer, test() pings it and the peer's progress answers;
+// silence for LOOM_PEER_TIMEOUT_MS, or a ping the provider refuses, makes the peer lost and
+// fails everything pending. Both directions run the same code.
+#include <chrono>
+
+#include "p2p/comm.hpp"
+#include "p2p/context_core.hpp"
+#include "util/log.hpp"
+
+namespace loom::p2p {
+
+void Comm::peer_lost(std::string why, bool warn) {
+  if (peer_ == PeerState::kLost) return;
+  peer_ = PeerState::kLost;
+  peer_gone_ = std::move(why);
+  if (warn) util::log().warn("comm {} on lane {}: {}", id_, lane_->id(), peer_gone_);
+  fail_all(Status::kPeerError, peer_gone_);
+}
+
+bool Comm::on_liveness(const mux::ControlHeader& header) {
+  last_heard_ = std::chrono::steady_clock::now();
+  const auto type = static_cast<MessageType>(header.type);
+  if (type == MessageType::kPing) {
+    // Lost to back-pressure, the next ping asks again.
+    if (!closed_ && !peer_control_.empty()) send_control(MessageType::kPong, 0, {});
+    return true;
+  }
+  return type == MessageType::kPong;
+}
+
+void Comm::check_peer() {
+  if (peer_ == PeerState::kLost || closed_ || peer_control_.empty()) return;
+  const auto now = std::chrono::steady_clock::now();
+  const auto timeout = std::chrono::milliseconds(core_->config().peer_timeout_ms);
+  if (peer_ == PeerState::kClosed) {
+    // What the notice left pending had that long to finish.
+    if (now > close_deadline_) settle_after_close();
+    return;
+  }
+  if (now - last_heard_ > timeout) {
+    peer_lost("no sign of life from the peer for LOOM_PEER_TIMEOUT_MS (" +
+              std::to_string(timeout.count()) + " ms): taken as dead");
+    return;
+  }
+  if (now < next_ping_) return;
+  next_ping_ = now + timeout / 4;
+  const Status status = send_control(MessageType::kPing, 0, {});
+  if (status != Status::kOk && status != Status::kRetry) {
+    peer_lost("the peer is unreachable (" + last_error_ + ")");
+  }
+}
+
+}  // namespace loom::p2p

@@ -1,0 +1,134 @@
+// Where each buffer of a request stands in the protocol, one explicit state per part, and the
+// transitions allowed between them. Every state change goes through Part::to(), which asserts
+// (in debug builds) that the change is in the table below: a request's outcome is its parts'
+// states, never a combination of flags.
+//
+// Send (one part per isend):
+//
+//   kAwaitingClearance --CTS: fits, eager--> kEagerReady --posted--> kEagerInFlight --> kDone
+//                      \                      \--injected------------------------------> kDone
+//                       \--CTS: fits, write--> kWriting (stripes k of n; its ready-to-send)
+//                        \                      \--all written and the RTS left--------> kDone
+//                         \--CTS: refused by the receiver----------------------------> kFailed
+//                          \--CTS: too large / wrong tag--> kFailing (the RTS tells the verdict)
+//   kFailing: failed; what it still owes (writes in flight, a ready-to-send) drains --> kFailed
+//
+// Receive (up to kMaxParts parts per irecv):
+//
+//   kAwaitingPost --eager receive posted (or none needed: by write; or it failed)--> kToAnnounce
+//   kToAnnounce --in a clear-to-send batch--> kAnnounced --batch left--> kCleared
+//                                                         \--(a failed part)------> kFailed
+//   kCleared --eager message arrived--> kDone | kFailed
+//            \--ready-to-send or a write that fills--> kWriting --writes k of n--> kDone
+//             \--a write before its ready-to-send--> kWritesAhead --RTS--> kWriting
+//   Any unfinished part --failure--> kCancelling (its eager receive is being taken back)
+//                                    or kFailed; kCancelling --cancellation done--> kFailed
+//
+// Flush (iflush): kAwaitingPost --read posted--> kFlushing --> kDone | kFailed.
+#pragma once
+
+#include <cassert>
+#include <cstdint>
+
+namespace loom::p2p {
+
+enum class SendState : std::uint8_t {
+  kAwaitingClearance,  // no clear-to-send for its sequence number yet
+  kEagerReady,         // cleared for an eager send; waits for room in the provider's queue
+  kEagerInFlight,      // the eager send is posted: done at its local completion
+  kWriting,            // cleared for RDMA writes: stripes posted and completing
+  kFailing,            // failed; writes in flight and a ready-to-send still owed drain first
+  kDone,               // handed over whole (delivered, as far as this side can tell)
+  kFailed,
+};
+
+enum class RecvState : std::uint8_t {
+  kAwaitingPost,  // its eager receive waits for room in the provider's queue
+  kToAnnounce,    // ready for a clear-to-send (a failed part announces its refusal)
+  kAnnounced,     // in the clear-to-send batch, not sent yet
+  kCleared,       // the clear-to-send left: the eager message or the writes may come
+  kWritesAhead,   // writes arrive before the ready-to-send that gives size and tag
+  kWriting,       // size and tag known (ready-to-send, or a write that fills the buffer)
+  kFlushing,      // iflush: the read is posted
+  kCancelling,    // failed; its posted eager receive is being cancelled
+  kDone,
+  kFailed,
+};
+
+namespace detail {
+
+constexpr unsigned bit(SendState s) {
+  return 1u << static_cast<unsigned>(s);
+}
+constexpr unsigned bit(RecvState s) {
+  return 1u << static_cast<unsigned>(s);
+}
+
+// The states each state may go to, as bit sets.
+constexpr unsigned next_states(SendState from) {
+  using S = SendState;
+  switch (from) {
+    case S::kAwaitingClearance:
+      return bit(S::kEagerReady) | bit(S::kWriting) | bit(S::kFailing) | bit(S::kFailed);
+    case S::kEagerReady:
+      return bit(S::kEagerInFlight) | bit(S::kDone) | bit(S::kFailed);
+    case S::kEagerInFlight:
+      return bit(S::kDone) | bit(S::kFailed);
+    case S::kWriting:
+      return bit(S::kDone) | bit(S::kFailing) | bit(S::kFailed);
+    case S::kFailing:
+      return bit(S::kFailed);
+    case S::kDone:
+    case S::kFailed:
+      return 0;
+  }
+  return 0;
+}
+
+constexpr unsigned next_states(RecvState from) {
+  using R = RecvState;
+  constexpr unsigned failing = bit(R::kCancelling) | bit(R::kFailed);
+  switch (from) {
+    case R::kAwaitingPost:
+      return bit(R::kToAnnounce) | bit(R::kFlushing) | failing;
+    case R::kToAnnounce:
+      return bit(R::kAnnounced) | failing;
+    case R::kAnnounced:
+      return bit(R::kCleared) | failing;
+    case R::kCleared:
+      return bit(R::kDone) | bit(R::kWritesAhead) | bit(R::kWriting) | failing;
+    case R::kWritesAhead:
+      return bit(R::kWriting) | failing;
+    case R::kWriting:
+      return bit(R::kDone) | failing;
+    case R::kFlushing:
+      return bit(R::kDone) | bit(R::kFailed);
+    case R::kCancelling:
+      return bit(R::kFailed);
+    case R::kDone:
+    case R::kFailed:
+      return 0;
+  }
+  return 0;
+}
+
+}  // namespace detail
+
+template <typename State>
+constexpr bool legal(State from, State to) {
+  return (detail::next_states(from) & detail::bit(to)) != 0;
+}
+
+constexpr bool terminal(SendState s) {
+  return s == SendState::kDone || s == SendState::kFailed;
+}
+constexpr bool terminal(RecvState s) {
+  return s == RecvState::kDone || s == RecvState::kFailed;
+}
+
+static_assert(legal(SendState::kAwaitingClearance, SendState::kWriting));
+static_assert(!legal(SendState::kDone, SendState::kFailed), "an outcome never changes");
+static_assert(!legal(RecvState::kAnnounced, RecvState::kDone), "data comes after the CTS left");
+static_assert(!legal(RecvState::kCancelling, RecvState::kDone), "a cancelled part failed");
+
+}  // namespace loom::p2p
