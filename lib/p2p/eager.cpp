@@ -82,6 +82,15 @@ bool RecvCommImpl::post_receive(Request& r, std::size_t i) {
 
 // The eager receive's completion: the message, or the end of a receive being taken back.
 void RecvCommImpl::on_eager(Request& r, Part& part, const ofi::Completion& completion) {
+  // The message every eager receive waits for: it fits (the provider truncates what does
+  // not) and carries the buffer's tag.
+  if (completion.status == Status::kOk && part.recv == RecvState::kCleared &&
+      completion.has_data && completion.data == part.tag) [[likely]] {
+    part.delivered = completion.length;
+    ++stats_.eager;
+    part.to(RecvState::kDone);
+    return;
+  }
   if (completion.status == Status::kCancelled) {
     if (part.recv == RecvState::kWriting) {
       finish_rendezvous(part);  // its message comes by write
