@@ -30,8 +30,7 @@ void Comm::on_peer_close(std::span<const std::byte> body) {
   }
   peer_ = PeerState::kClosed;
   peer_gone_ = "the peer closed the communicator";
-  close_deadline_ =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(core_->config().peer_timeout_ms);
+  close_deadline_ = std::chrono::steady_clock::now() + settings_.peer_timeout;
   util::log().debug("comm {} on lane {}: the peer closed; it finished messages below {}", id_,
                     lane_->id(), notice.complete_below);
   fail_unfinished(notice, peer_gone_);
@@ -89,8 +88,7 @@ void Comm::close(std::unique_ptr<Comm> self) {
     // A receiver whose announced buffers a peer may still be writing into waits for those
     // writes: an endpoint closed under one (rxm over tcp crashes), or a buffer given back to
     // the application under one, is worse than a slower close.
-    const auto writes_deadline = std::chrono::steady_clock::now() +
-                                 std::chrono::milliseconds(self->core_->config().peer_timeout_ms);
+    const auto writes_deadline = std::chrono::steady_clock::now() + self->settings_.peer_timeout;
     while (self->writes_may_arrive() && !self->peer_gone() &&
            std::chrono::steady_clock::now() < writes_deadline) {
       lane.progress();
@@ -103,7 +101,10 @@ void Comm::close(std::unique_ptr<Comm> self) {
     if (drained) self->release_registrations();
     lane.detach(self->id_);
   }
-  std::shared_ptr<ContextCore> core = std::move(self->core_);
+  // Held until the lane is left: the last communicator out closes the lane, and the context
+  // (registry, NICs) must outlive that.
+  std::shared_ptr<ContextCore> context = std::move(self->context_);
+  mux::LaneRegistry& lanes = self->lanes_;
   if (!drained) {
     util::log().info(
         "communicator {} on lane {} closed with operations in flight; the lane "
@@ -113,7 +114,7 @@ void Comm::close(std::unique_ptr<Comm> self) {
     lane.retire(std::move(self));
   }
   self.reset();
-  core->lanes().leave(lane);
+  lanes.leave(lane);
 }
 
 // ---- sender ----
@@ -248,7 +249,7 @@ void RecvCommImpl::settle_after_close() {
   fail_all(Status::kPeerError,
            "the peer closed the communicator and what it had sent did not arrive within "
            "LOOM_PEER_TIMEOUT_MS (" +
-               std::to_string(core_->config().peer_timeout_ms) + " ms)");
+               std::to_string(settings_.peer_timeout.count()) + " ms)");
 }
 
 }  // namespace loom::p2p

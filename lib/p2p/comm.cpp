@@ -33,13 +33,19 @@ void Request::on_completion(ofi::OpContext& op, const ofi::Completion& completio
 }
 
 Comm::Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction direction)
-    : core_(std::move(core)),
-      lanes_(core_->lanes()),
+    : context_(std::move(core)),
+      settings_{.eager_max = context_->config().eager_max,
+                .inject_max = context_->config().inject_max,
+                .min_stripe = context_->config().min_stripe,
+                .peer_timeout = std::chrono::milliseconds(context_->config().peer_timeout_ms),
+                .force_flush = context_->config().force_flush,
+                .provider = context_->provider()},
+      lanes_(context_->lanes()),
       lane_(&lane),
       direction_(direction),
       // Both directions use it: no eager send, and no eager receive, past what the provider
       // takes in one transfer.
-      eager_max_(std::min(core_->config().eager_max, lane.rails().max_msg_size())),
+      eager_max_(std::min(settings_.eager_max, lane.rails().max_msg_size())),
       requests_(this, kMaxRequests) {
   retry_.reserve(kMaxRequests);
   retrying_.reserve(kMaxRequests);
@@ -100,7 +106,7 @@ void Comm::connect_peer(const LaneAddresses& peer) {
   data_rails_ = std::min(rails.data_rails(), peer.data.size());
   control_rails_ = std::min(rails.control_rails(), peer.control.size());
   peer_id_ = peer.comm;
-  inject_max_ = core_->config().inject_max;
+  inject_max_ = settings_.inject_max;
   for (std::size_t i = 0; i < data_rails_; ++i) {
     peer_data_.push_back(lane_->peer_address(i, peer.data[i]));
     inject_max_ = std::min(inject_max_, rails.data(i).nic().attributes().inject_size);
@@ -113,7 +119,7 @@ void Comm::connect_peer(const LaneAddresses& peer) {
 MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryType type,
                                    int device) {
   std::lock_guard lock(lane_->mutex());
-  if (closed_) throw Error("register memory", core_->provider(), 0, "communicator is closed");
+  if (closed_) throw Error("register memory", settings_.provider, 0, "communicator is closed");
   ofi::MemoryRegistration& registration =
       lane_->rails().mr_cache().acquire(data, size, type, device);
   std::uint32_t slot;
@@ -179,7 +185,7 @@ Request* Comm::allocate(RequestKind kind) {
     return nullptr;
   if (idle) {
     last_heard_ = std::chrono::steady_clock::now();
-    next_ping_ = last_heard_ + std::chrono::milliseconds(core_->config().peer_timeout_ms / 4);
+    next_ping_ = last_heard_ + settings_.peer_timeout / 4;
   }
   Request& r = *taken;
   r.kind = kind;

@@ -37,6 +37,17 @@ static_assert(kSeqWindow <= kCloseWindow, "a close notice covers every sequence 
 static_assert(((std::size_t{1} << mux::kImmSeqBits) % kSeqWindow) == 0);
 static_assert(kSeqWindow <= (std::size_t{1} << mux::kTagSeqBits));
 
+// The configuration a communicator reads, copied at construction: nothing on its data path
+// reaches back into the context.
+struct CommSettings {
+  std::size_t eager_max = 0;
+  std::size_t inject_max = 0;
+  std::size_t min_stripe = 0;
+  std::chrono::milliseconds peer_timeout{0};
+  bool force_flush = false;
+  std::string provider;  // for error texts
+};
+
 class Comm : public mux::CommPort {
  public:
   Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction direction);
@@ -161,8 +172,12 @@ class Comm : public mux::CommPort {
   // The lane's next progress: the control batch leaves, back-pressured requests advance.
   void on_deferred() override;
 
-  std::shared_ptr<ContextCore> core_;
-  mux::LaneRegistry& lanes_;  // core_'s, held here for the hot path
+  // Keeps the context (its lane registry, NICs, bootstrap) alive while the communicator is
+  // open; close() lets go of it. A retired communicator is owned by its lane, which the
+  // context owns, so it needs none.
+  std::shared_ptr<ContextCore> context_;
+  const CommSettings settings_;
+  mux::LaneRegistry& lanes_;  // the context's
   mux::Lane* lane_;
   mux::Direction direction_;
   mux::CommId id_ = 0;

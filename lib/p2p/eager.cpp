@@ -84,8 +84,8 @@ bool RecvCommImpl::post_receive(Request& r, std::size_t i) {
 void RecvCommImpl::on_eager(Request& r, Part& part, const ofi::Completion& completion) {
   // The message every eager receive waits for: it fits (the provider truncates what does
   // not) and carries the buffer's tag.
-  if (completion.status == Status::kOk && part.recv == RecvState::kCleared &&
-      completion.has_data && completion.data == part.tag) [[likely]] {
+  if (completion.status == Status::kOk && part.recv == RecvState::kCleared && completion.has_data &&
+      completion.data == part.tag) [[likely]] {
     part.delivered = completion.length;
     ++stats_.eager;
     part.to(RecvState::kDone);

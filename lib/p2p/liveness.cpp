@@ -4,7 +4,6 @@
 #include <chrono>
 
 #include "p2p/comm.hpp"
-#include "p2p/context_core.hpp"
 #include "util/log.hpp"
 
 namespace loom::p2p {
@@ -31,7 +30,7 @@ bool Comm::on_liveness(const mux::ControlHeader& header) {
 void Comm::check_peer() {
   if (peer_ == PeerState::kLost || closed_ || peer_control_.empty()) return;
   const auto now = std::chrono::steady_clock::now();
-  const auto timeout = std::chrono::milliseconds(core_->config().peer_timeout_ms);
+  const auto timeout = settings_.peer_timeout;
   if (peer_ == PeerState::kClosed) {
     // What the notice left pending had that long to finish.
     if (now > close_deadline_) settle_after_close();

@@ -4,7 +4,6 @@
 #include "p2p/recv_comm.hpp"
 
 #include "ofi/memory_registration.hpp"
-#include "p2p/context_core.hpp"
 #include "util/log.hpp"
 
 namespace loom::p2p {
@@ -70,7 +69,7 @@ Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& reque
     }
   }
   // Host memory is coherent with the NIC's writes: nothing to flush unless a test forces it.
-  if (target == nullptr || (!device && !core_->config().force_flush)) return Status::kOk;
+  if (target == nullptr || (!device && !settings_.force_flush)) return Status::kOk;
   Request* r = allocate(RequestKind::kFlush);
   if (r == nullptr) return reject(Status::kRetry, "iflush: too many requests in flight");
   r->part_count = 1;

@@ -6,7 +6,6 @@
 #include <algorithm>
 
 #include "ofi/memory_registration.hpp"
-#include "p2p/context_core.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
 #include "util/log.hpp"

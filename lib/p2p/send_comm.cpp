@@ -6,14 +6,13 @@
 #include <cstring>
 
 #include "ofi/memory_registration.hpp"
-#include "p2p/context_core.hpp"
 #include "util/log.hpp"
 
 namespace loom::p2p {
 
 SendCommImpl::SendCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane)
     : Comm(std::move(core), lane, mux::Direction::kSend),
-      min_stripe_(core_->config().min_stripe),
+      min_stripe_(settings_.min_stripe),
       clearances_(kSeqWindow),
       key_stride_(lane.rails().data_rails()),
       keys_(kSeqWindow * key_stride_),
@@ -46,7 +45,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
     return reject(Status::kInvalid, "isend: " + std::to_string(size) + " bytes do not fit in " +
                                         std::to_string(kMaxSendStripes) + " writes of at most " +
                                         std::to_string(max_msg) + " bytes (max_msg_size of " +
-                                        core_->provider() + ")");
+                                        settings_.provider + ")");
   }
   Request* r = allocate(RequestKind::kSend);
   if (r == nullptr) [[unlikely]] {
