@@ -109,9 +109,9 @@ struct Request final : ofi::CompletionHandler {
 // A communicator's requests. Their addresses never move (a request is the user's handle, and
 // its provider operations carry contexts inside it): the vector's capacity is reserved once and
 // never exceeded. Requests are built the first time they are needed, not with the
-// communicator: a request is over a KiB, and building all 128 touched 36 pages per
-// communicator, two thirds of its setup time. Freed requests are reused last-in first-out, so
-// a communicator with a window of 8 touches 8.
+// communicator: a request is over a KiB, and most communicators keep far fewer than 128 in
+// flight, so building them all would be most of a communicator's setup time. Freed requests
+// are reused last-in first-out, so a communicator with a window of 8 touches 8.
 class RequestPool {
  public:
   RequestPool(Comm* owner, std::size_t capacity) : owner_(owner), capacity_(capacity) {
