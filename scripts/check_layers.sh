@@ -33,6 +33,12 @@ for dir in lib/util lib/mux lib/p2p lib/topo lib/nccl include bench; do
     < <(grep -rnE '\bfi_[a-z_]+\(' "$dir" --include='*.cpp' --include='*.hpp' | cut -d: -f1,2)
 done
 
+# The process environment is read and written in lib/util only (util/env.hpp says why the one
+# write, the provider defaults, happens once per process).
+while IFS= read -r hit; do violation "$hit touches the environment outside lib/util"; done \
+  < <(grep -rnE '\b(getenv|secure_getenv|setenv|unsetenv|putenv|environ)\b' lib providers include \
+        --include='*.cpp' --include='*.hpp' --exclude-dir=util | cut -d: -f1,2)
+
 # Raw new/delete and goto in the library. (providers/epmr is exempt: libfabric owns its objects'
 # lifetime through fi_close, so they end with `delete this`.)
 while IFS= read -r hit; do violation "$hit uses raw new/delete or goto"; done \
