@@ -17,7 +17,7 @@ static_assert(std::is_standard_layout_v<ofi::OpContext>);
 bool encode_control_header(std::span<std::byte> out, const ControlHeader& header) noexcept {
   util::WireWriter w(out);
   w.u16(kControlMagic);
-  w.u8(kControlVersion);
+  w.u8(kProtocolVersion);
   w.u8(header.type);
   w.u16(header.comm);
   w.u16(header.length);
@@ -29,7 +29,7 @@ std::optional<ControlHeader> decode_control_header(std::span<const std::byte> me
   const auto magic = r.u16();
   const auto version = r.u8();
   ControlHeader header{.type = r.u8(), .comm = r.u16(), .length = r.u16()};
-  if (!r.ok() || magic != kControlMagic || version != kControlVersion ||
+  if (!r.ok() || magic != kControlMagic || version != kProtocolVersion ||
       header.length != r.remaining()) {
     return std::nullopt;
   }

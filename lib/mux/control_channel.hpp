@@ -24,7 +24,13 @@ class MemoryRegistration;
 namespace loom::mux {
 
 inline constexpr std::uint16_t kControlMagic = 0x4D4C;  // "LM"
-inline constexpr std::uint8_t kControlVersion = 1;
+// The version of loom's whole wire protocol, one number for every byte loom puts on the wire:
+// each control header carries it, and the listen handle and the handshake's connect carry it
+// too (p2p/messages.hpp), so that a peer speaking another version is refused at the handle or
+// the handshake with a reason before anything else is exchanged. Bump it for any change in
+// what goes on the wire or what it means, and regenerate test/fuzz/corpus (fuzz-seeds fails
+// until then).
+inline constexpr std::uint8_t kProtocolVersion = 5;
 inline constexpr std::size_t kControlHeaderBytes = 8;
 inline constexpr std::size_t kMaxControlMessage = 2048;
 inline constexpr std::size_t kMaxControlBody = kMaxControlMessage - kControlHeaderBytes;
