@@ -55,12 +55,6 @@ class ControlSink {
   ~ControlSink() = default;
 };
 
-struct ControlStats {
-  std::uint64_t sent = 0;
-  std::uint64_t received = 0;
-  std::uint64_t invalid = 0;  // bad magic/version/length, truncated or failed receives
-};
-
 class ControlChannel final : ofi::CompletionHandler {
  public:
   // Receives kept posted per rail: this many, or fewer when a rail's receive queue is smaller.
@@ -89,8 +83,6 @@ class ControlChannel final : ofi::CompletionHandler {
   // Reposts receive buffers the provider refused earlier. Called from the owner's progress.
   void retry_reposts();
 
-  [[nodiscard]] const ControlStats& stats() const noexcept { return stats_; }
-
  private:
   struct Slot {
     ofi::OpContext op;  // first: the completion hands back &op
@@ -117,7 +109,6 @@ class ControlChannel final : ofi::CompletionHandler {
   // Registrations bound to the control endpoints: declared last, closed first.
   std::unique_ptr<ofi::MemoryRegistration> rx_registration_;
   std::unique_ptr<ofi::MemoryRegistration> tx_registration_;
-  ControlStats stats_;
   ofi::LogLimit receive_errors_;  // failed receive completions, reposted and failing again
 };
 
