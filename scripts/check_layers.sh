@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Layering rules from shared/STYLE.md: util <- ofi <- mux <- p2p <- API; rdma/* headers and fi_*
-# calls only in lib/ofi and providers/. Prints each violation; exits 1 if any.
+# calls only in lib/ofi and providers/; the environment only in lib/util. Prints each violation; exits 1 if any.
 set -u
 root=${1:-$(dirname "$0")/..}
 cd "$root" || exit 2
@@ -16,6 +16,11 @@ check_includes() {  # dir, forbidden include prefixes...
   done
 }
 
+# include/loom's error.hpp, config.hpp and memory.hpp are vocabulary under lib/util; p2p.hpp
+# (and loom.hpp, which includes it) alone is the top, over lib/p2p: nothing below includes it.
+for dir in lib/util lib/ofi lib/mux lib/topo providers; do
+  check_includes "$dir" loom/p2p.hpp loom/loom.hpp
+done
 check_includes lib/util ofi/ mux/ p2p/ topo/ rdma/ infiniband/
 check_includes lib/ofi mux/ p2p/ topo/
 check_includes lib/topo mux/ p2p/ rdma/
