@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdio>
 #include <stdexcept>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -110,7 +111,8 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   std::string pin;
   app.add_option("--pin-core", pin,
                  "cores to pin to, e.g. 0,1 (with --loopback: the server's, then the client's)");
-  app.add_flag("--print-config", print_config, "list every LOOM_* variable and exit");
+  app.add_flag("--print-config", print_config,
+               "print every LOOM_* variable as README's table and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -120,11 +122,11 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     throw std::invalid_argument(e.what());
   }
   if (print_config) {
-    std::printf("%-26s %-8s %s\n", "variable", "default", "meaning");
+    // README's Configuration table, row for row (the config-readme test compares them).
+    std::printf("| variable | default | meaning |\n|---|---|---|\n");
     for (const auto& var : config_variables()) {
-      std::printf("%-26.*s %-8.*s %.*s\n", static_cast<int>(var.name.size()), var.name.data(),
-                  static_cast<int>(var.default_value.empty() ? 1 : var.default_value.size()),
-                  var.default_value.empty() ? "-" : var.default_value.data(),
+      std::printf("| `%.*s` | %s | %.*s |\n", static_cast<int>(var.name.size()), var.name.data(),
+                  var.default_value.empty() ? "–" : std::string(var.default_value).c_str(),
                   static_cast<int>(var.doc.size()), var.doc.data());
     }
     return ParseResult::kExit;

@@ -16,9 +16,9 @@ namespace loom::bench {
 
 // Message buffers are aligned to 2 MiB, sized in 2 MiB steps and advised MADV_HUGEPAGE, so
 // that transparent huge pages back them as they back large malloc'd buffers, fabtests' among
-// them (64 messages' worth each way). With 4 KiB pages shm's process_vm_readv spent a third
-// of its time walking and pinning page tables: 1 MiB messages ran at 12 GB/s and 4 MiB ones
-// at 10-16 GB/s where fabtests moved 24.
+// them (64 messages' worth each way): with 4 KiB pages shm's process_vm_readv spends much of
+// its time walking and pinning page tables, and the comparison with fabtests measures that
+// (README, Performance).
 class HugePageBuffer {
  public:
   static constexpr std::size_t kHugePage = std::size_t{2} << 20;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 namespace loom::providers {
 
@@ -38,14 +39,14 @@ struct Profile {
 
 [[nodiscard]] std::span<const Profile* const> all_profiles() noexcept;
 
-// Sets the environment defaults (those the user left unset) of the provider families that
-// `requested` names (LOOM_PROVIDER, else FI_PROVIDER; "verbs;ofi_rxm", "efa,shm", ...), or of
-// every family when it names none: libfabric then picks the provider, and the README's main
-// command names none (rxm's shared receive queue cost it 147 MB per communicator). Each
-// variable belongs to one provider, or to rxm, which tcp and verbs want set alike; no two
-// families may set one variable differently (test/ofi/profile_test.cpp). Called before the
-// first fi_getinfo, because providers read their variables when they initialize.
-void apply_env_defaults(std::string_view requested) noexcept;
+// The environment defaults of the provider families that `requested` names (LOOM_PROVIDER,
+// else FI_PROVIDER; "verbs;ofi_rxm", "efa,shm", ...), or of every family when it names none:
+// libfabric then picks the provider, and the README's main command names none. Each variable
+// belongs to one provider, or to rxm, which tcp and verbs want set alike; no two families may
+// set one variable differently (test/ofi/profile_test.cpp), and each appears once here.
+// lib/ofi applies them once per process, before its first fi_getinfo, because providers read
+// their variables from the environment (util/env.hpp says why it is done once).
+[[nodiscard]] std::vector<EnvDefault> env_defaults_for(std::string_view requested);
 
 extern const Profile kEfaProfile;
 extern const Profile kCxiProfile;

@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cstdlib>
 #include <iterator>
 
 #include "providers/profile.hpp"
@@ -34,7 +33,7 @@ std::span<const Profile* const> all_profiles() noexcept {
   return kProfiles;
 }
 
-void apply_env_defaults(std::string_view requested) noexcept {
+std::vector<EnvDefault> env_defaults_for(std::string_view requested) {
   const auto named = [requested](const Profile& profile) {
     std::string_view rest = requested;
     while (!rest.empty()) {
@@ -46,10 +45,17 @@ void apply_env_defaults(std::string_view requested) noexcept {
   };
   const bool any_named = std::any_of(std::begin(kProfiles), std::end(kProfiles),
                                      [&](const Profile* p) { return named(*p); });
+  std::vector<EnvDefault> defaults;
   for (const Profile* profile : kProfiles) {
     if (any_named && !named(*profile)) continue;
-    for (const EnvDefault& env : profile->env_defaults) setenv(env.name, env.value, 0);
+    for (const EnvDefault& env : profile->env_defaults) {
+      const bool seen = std::any_of(defaults.begin(), defaults.end(), [&](const EnvDefault& d) {
+        return std::string_view(d.name) == env.name;
+      });
+      if (!seen) defaults.push_back(env);
+    }
   }
+  return defaults;
 }
 
 }  // namespace loom::providers

@@ -4,8 +4,8 @@
 //
 // rxm over tcp defaults to a shared receive queue of 4096 bounce buffers (16 KiB each) per
 // endpoint. A loom lane's endpoints each talk to one peer, so sharing buys nothing and the pool
-// dominated host memory: fi_p2p_bw --comms 64 grew RSS by 315 MB per process (two lanes), 36 MB
-// with per-connection buffers (rxm's default of 128).
+// dominates host memory; per-connection buffers (rxm's 128) are the smaller pool (figures in
+// README, Providers).
 #include "providers/profile.hpp"
 
 namespace loom::providers {

@@ -1,8 +1,8 @@
 // verbs (InfiniBand/RoCE), reached as "verbs;ofi_rxm" for RDM endpoints. rxm's shared receive
 // queue holds 4096 registered 16 KiB bounce buffers per endpoint; without it each connection
 // gets 128. A loom lane's endpoints each talk to one peer (communicators share lanes, not
-// endpoints across peers), so per-connection buffers are the smaller pool: on tcp;ofi_rxm, where
-// the same rxm code runs, the shared queue cost 315 MB against 36 MB (fi_p2p_bw --comms 64).
+// endpoints across peers), so per-connection buffers are the smaller pool, as on tcp;ofi_rxm
+// where the same rxm code runs (README, Providers).
 // Device limits come from rdma-core when loom is built with it.
 #include "loom_build_config.h"
 #include "providers/profile.hpp"

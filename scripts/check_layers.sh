@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Layering rules from shared/STYLE.md: util <- ofi <- mux <- p2p <- API; rdma/* headers and fi_*
-# calls only in lib/ofi and providers/. Prints each violation; exits 1 if any.
+# calls only in lib/ofi and providers/; the environment only in lib/util. Prints each violation; exits 1 if any.
 set -u
 root=${1:-$(dirname "$0")/..}
 cd "$root" || exit 2
@@ -16,6 +16,11 @@ check_includes() {  # dir, forbidden include prefixes...
   done
 }
 
+# include/loom's error.hpp, config.hpp and memory.hpp are vocabulary under lib/util; p2p.hpp
+# (and loom.hpp, which includes it) alone is the top, over lib/p2p: nothing below includes it.
+for dir in lib/util lib/ofi lib/mux lib/topo providers; do
+  check_includes "$dir" loom/p2p.hpp loom/loom.hpp
+done
 check_includes lib/util ofi/ mux/ p2p/ topo/ rdma/ infiniband/
 check_includes lib/ofi mux/ p2p/ topo/
 check_includes lib/topo mux/ p2p/ rdma/
@@ -32,6 +37,12 @@ for dir in lib/util lib/mux lib/p2p lib/topo lib/nccl include bench; do
   while IFS= read -r hit; do violation "$hit calls libfabric outside lib/ofi"; done \
     < <(grep -rnE '\bfi_[a-z_]+\(' "$dir" --include='*.cpp' --include='*.hpp' | cut -d: -f1,2)
 done
+
+# The process environment is read and written in lib/util only (util/env.hpp says why the one
+# write, the provider defaults, happens once per process).
+while IFS= read -r hit; do violation "$hit touches the environment outside lib/util"; done \
+  < <(grep -rnE '\b(getenv|secure_getenv|setenv|unsetenv|putenv|environ)\b' lib providers include \
+        --include='*.cpp' --include='*.hpp' --exclude-dir=util | cut -d: -f1,2)
 
 # Raw new/delete and goto in the library. (providers/epmr is exempt: libfabric owns its objects'
 # lifetime through fi_close, so they end with `delete this`.)

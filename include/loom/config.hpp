@@ -12,24 +12,29 @@
 
 namespace loom {
 
+// Every field starts at its variable's default: Config() parses the default column of the
+// table in lib/util/config.cpp, where each default is written once. (The {} below only keep
+// a field that no row sets from being indeterminate.)
 struct Config {
-  std::string provider;                 // LOOM_PROVIDER
-  std::vector<std::string> nics;        // LOOM_NICS
-  bool loopback_only = false;           // LOOM_LOOPBACK_ONLY
-  unsigned data_rails = 1;              // LOOM_DATA_RAILS
-  unsigned ctrl_rails = 1;              // LOOM_CTRL_RAILS
-  unsigned ngroups = 1;                 // LOOM_NGROUPS
-  unsigned qp_depth_multiplier = 1;     // LOOM_QP_DEPTH_MULTIPLIER
-  std::size_t eager_max = 16384;        // LOOM_EAGER_MAX
-  std::size_t inject_max = 4096;        // LOOM_INJECT_MAX
-  std::size_t min_stripe = 262144;      // LOOM_MIN_STRIPE
-  std::size_t mr_cache_entries = 1024;  // LOOM_MR_CACHE_ENTRIES
-  std::string log_level = "warn";       // LOOM_LOG_LEVEL
-  unsigned connect_timeout_ms = 30000;  // LOOM_CONNECT_TIMEOUT_MS
-  unsigned peer_timeout_ms = 10000;     // LOOM_PEER_TIMEOUT_MS
-  bool force_flush = false;             // LOOM_FORCE_FLUSH
-  std::string topology_xml;             // LOOM_TOPOLOGY_XML
-  std::string gpu;                      // LOOM_GPU
+  Config();
+
+  std::string provider;            // LOOM_PROVIDER
+  std::vector<std::string> nics;   // LOOM_NICS
+  bool loopback_only{};            // LOOM_LOOPBACK_ONLY
+  unsigned data_rails{};           // LOOM_DATA_RAILS
+  unsigned ctrl_rails{};           // LOOM_CTRL_RAILS
+  unsigned ngroups{};              // LOOM_NGROUPS
+  unsigned qp_depth_multiplier{};  // LOOM_QP_DEPTH_MULTIPLIER
+  std::size_t eager_max{};         // LOOM_EAGER_MAX
+  std::size_t inject_max{};        // LOOM_INJECT_MAX
+  std::size_t min_stripe{};        // LOOM_MIN_STRIPE
+  std::size_t mr_cache_entries{};  // LOOM_MR_CACHE_ENTRIES
+  std::string log_level;           // LOOM_LOG_LEVEL
+  unsigned connect_timeout_ms{};   // LOOM_CONNECT_TIMEOUT_MS
+  unsigned peer_timeout_ms{};      // LOOM_PEER_TIMEOUT_MS
+  bool force_flush{};              // LOOM_FORCE_FLUSH
+  std::string topology_xml;        // LOOM_TOPOLOGY_XML
+  std::string gpu;                 // LOOM_GPU
 
   // Reads every LOOM_* variable; unset ones keep their defaults. Throws loom::Error naming
   // the variable and the accepted values when one is invalid, and for unknown LOOM_* names.
@@ -39,6 +44,8 @@ struct Config {
 
   // Throws loom::Error if fields set in code are out of range.
   void validate() const;
+
+  bool operator==(const Config&) const = default;
 };
 
 // One row of the configuration table: the variable, its default and what it does.

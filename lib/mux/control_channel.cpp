@@ -17,7 +17,7 @@ static_assert(std::is_standard_layout_v<ofi::OpContext>);
 bool encode_control_header(std::span<std::byte> out, const ControlHeader& header) noexcept {
   util::WireWriter w(out);
   w.u16(kControlMagic);
-  w.u8(kControlVersion);
+  w.u8(kProtocolVersion);
   w.u8(header.type);
   w.u16(header.comm);
   w.u16(header.length);
@@ -29,7 +29,7 @@ std::optional<ControlHeader> decode_control_header(std::span<const std::byte> me
   const auto magic = r.u16();
   const auto version = r.u8();
   ControlHeader header{.type = r.u8(), .comm = r.u16(), .length = r.u16()};
-  if (!r.ok() || magic != kControlMagic || version != kControlVersion ||
+  if (!r.ok() || magic != kControlMagic || version != kProtocolVersion ||
       header.length != r.remaining()) {
     return std::nullopt;
   }
@@ -39,8 +39,8 @@ std::optional<ControlHeader> decode_control_header(std::span<const std::byte> me
 namespace {
 
 // A provider whose receive queue is shallower than kRxSlotsPerRail (FI_SHM_RX_SIZE,
-// FI_OFI_RXM_RX_SIZE or a device limit; the rails' depths are clamped to it) refused the
-// receives beyond it, and opening the channel failed with an empty reason. Post what fits.
+// FI_OFI_RXM_RX_SIZE or a device limit; the rails' depths are clamped to it) refuses the
+// receives beyond it, without saying why: post what fits.
 std::size_t receive_slots(std::span<ofi::Rail* const> rails) {
   std::size_t slots = ControlChannel::kRxSlotsPerRail;
   for (const ofi::Rail* rail : rails) slots = std::min(slots, rail->depths().rx);
@@ -117,9 +117,7 @@ Status ControlChannel::send(std::size_t rail_index, ofi::Address peer, std::uint
     std::byte message[kMaxControlMessage];
     encode_control_header(message, header);
     if (!body.empty()) std::memcpy(message + kControlHeaderBytes, body.data(), body.size());
-    Status status = rail.inject(peer, message, total);
-    if (status == Status::kOk) ++stats_.sent;
-    return status;
+    return rail.inject(peer, message, total);
   }
   if (free_tx_.empty()) return Status::kRetry;
   Slot& slot = tx_slots_[free_tx_.back()];
@@ -127,10 +125,7 @@ Status ControlChannel::send(std::size_t rail_index, ofi::Address peer, std::uint
   encode_control_header({buffer, kControlHeaderBytes}, header);
   if (!body.empty()) std::memcpy(buffer + kControlHeaderBytes, body.data(), body.size());
   Status status = rail.send(peer, buffer, total, tx_registration_->desc(rail.index()), &slot.op);
-  if (status == Status::kOk) {
-    free_tx_.pop_back();
-    ++stats_.sent;
-  }
+  if (status == Status::kOk) free_tx_.pop_back();
   return status;
 }
 
@@ -156,17 +151,14 @@ void ControlChannel::on_completion(ofi::OpContext& op, const ofi::Completion& co
   if (completion.status == Status::kOk) {
     std::span<const std::byte> message{rx_buffer(slot), completion.length};
     if (auto header = decode_control_header(message)) {
-      ++stats_.received;
       util::log().trace("control type {} for comm {} ({} bytes) on control rail {} slot {}",
                         header->type, header->comm, header->length, slot.rail, slot.index);
       sink_->on_control(*header, message.subspan(kControlHeaderBytes));
     } else {
-      ++stats_.invalid;
       util::log().warn("control message of {} bytes dropped on {}: bad magic, version or length",
                        completion.length, rails_[slot.rail]->describe());
     }
   } else {
-    ++stats_.invalid;
     // Reposted at once: a receive queue that keeps failing would log at every poll.
     if (receive_errors_.admit()) {
       util::log().warn("control receive on {} failed: {}{}", rails_[slot.rail]->describe(),

@@ -24,7 +24,13 @@ class MemoryRegistration;
 namespace loom::mux {
 
 inline constexpr std::uint16_t kControlMagic = 0x4D4C;  // "LM"
-inline constexpr std::uint8_t kControlVersion = 1;
+// The version of loom's whole wire protocol, one number for every byte loom puts on the wire:
+// each control header carries it, and the listen handle and the handshake's connect carry it
+// too (p2p/messages.hpp), so that a peer speaking another version is refused at the handle or
+// the handshake with a reason before anything else is exchanged. Bump it for any change in
+// what goes on the wire or what it means, and regenerate test/fuzz/corpus (fuzz-seeds fails
+// until then).
+inline constexpr std::uint8_t kProtocolVersion = 5;
 inline constexpr std::size_t kControlHeaderBytes = 8;
 inline constexpr std::size_t kMaxControlMessage = 2048;
 inline constexpr std::size_t kMaxControlBody = kMaxControlMessage - kControlHeaderBytes;
@@ -47,12 +53,6 @@ class ControlSink {
 
  protected:
   ~ControlSink() = default;
-};
-
-struct ControlStats {
-  std::uint64_t sent = 0;
-  std::uint64_t received = 0;
-  std::uint64_t invalid = 0;  // bad magic/version/length, truncated or failed receives
 };
 
 class ControlChannel final : ofi::CompletionHandler {
@@ -83,8 +83,6 @@ class ControlChannel final : ofi::CompletionHandler {
   // Reposts receive buffers the provider refused earlier. Called from the owner's progress.
   void retry_reposts();
 
-  [[nodiscard]] const ControlStats& stats() const noexcept { return stats_; }
-
  private:
   struct Slot {
     ofi::OpContext op;  // first: the completion hands back &op
@@ -111,7 +109,6 @@ class ControlChannel final : ofi::CompletionHandler {
   // Registrations bound to the control endpoints: declared last, closed first.
   std::unique_ptr<ofi::MemoryRegistration> rx_registration_;
   std::unique_ptr<ofi::MemoryRegistration> tx_registration_;
-  ControlStats stats_;
   ofi::LogLimit receive_errors_;  // failed receive completions, reposted and failing again
 };
 

@@ -70,7 +70,6 @@ std::size_t CompletionQueue::progress() {
     return 1;
   }
   if (count < 0) [[unlikely]] {
-    ++stats_.errors;
     // Read again at every poll: a CQ that stays broken must not flood the log.
     if (read_errors_.admit()) {
       util::log().error("fi_cq_read on {} [{}]: {}{}", nic_->attributes().domain,
@@ -78,7 +77,6 @@ std::size_t CompletionQueue::progress() {
     }
     return 0;
   }
-  stats_.completions += static_cast<std::uint64_t>(count);
   for (long i = 0; i < count; ++i) {
     const fi_cq_tagged_entry& entry = entries[i];
     auto* op = static_cast<OpContext*>(entry.op_context);
@@ -90,7 +88,6 @@ std::size_t CompletionQueue::progress() {
       if (remote_data && remote_writes_ != nullptr) {
         remote_writes_->on_remote_write(entry.data);
       } else {
-        ++stats_.stray_remote_writes;
         util::log().warn("CQ on {}: completion without a context (flags {:#x}) dropped",
                          nic_->attributes().domain, entry.flags);
       }
@@ -128,7 +125,6 @@ void CompletionQueue::read_error_entry() {
     }
     return;
   }
-  ++stats_.errors;
   char provider_text[256] = {};
   const char* detail = fi_cq_strerror(cq_.get(), error.prov_errno, error.err_data, provider_text,
                                       sizeof provider_text);

@@ -21,12 +21,6 @@ class Nic;
 struct NicAttributes;
 class Rail;
 
-struct CompletionStats {
-  std::uint64_t completions = 0;
-  std::uint64_t errors = 0;               // error entries
-  std::uint64_t stray_remote_writes = 0;  // remote CQ data with no handler to take it
-};
-
 // `wanted` entries, or the device's max_cq_entries where it is known and smaller (logged).
 [[nodiscard]] std::size_t clamp_cq_size(const NicAttributes& nic, std::size_t wanted);
 
@@ -41,7 +35,6 @@ class CompletionQueue {
   CompletionQueue& operator=(const CompletionQueue&) = delete;
 
   [[nodiscard]] fid_cq* get() const noexcept { return cq_.get(); }
-  [[nodiscard]] const CompletionStats& stats() const noexcept { return stats_; }
   void set_remote_write_handler(RemoteWriteHandler* handler) noexcept { remote_writes_ = handler; }
   // Rails bound to this queue: their FI_RX_CQ_DATA receives are recognised and reposted.
   void attach(Rail& rail) { rails_.push_back(&rail); }
@@ -60,7 +53,6 @@ class CompletionQueue {
   FidPtr<fid_cq> cq_;
   std::vector<Rail*> rails_;
   RemoteWriteHandler* remote_writes_ = nullptr;
-  CompletionStats stats_;
   LogLimit read_errors_;    // fi_cq_read / fi_cq_readerr failing
   LogLimit orphan_errors_;  // error entries with no context to hand them to
   LogLimit credit_errors_;  // FI_RX_CQ_DATA credits completing in error

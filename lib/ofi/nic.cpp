@@ -69,7 +69,6 @@ NicAttributes describe(const fi_info& info) {
       .max_tx_depth = info.tx_attr->size,
       .max_rx_depth = info.rx_attr->size,
       .max_endpoints = info.domain_attr->ep_cnt,
-      .mr_key_size = info.domain_attr->mr_key_size,
   };
 }
 

@@ -41,7 +41,6 @@ struct NicAttributes {
   std::size_t max_rx_depth = 0;
   std::size_t max_endpoints = 0;
   std::size_t max_cq_entries = 0;  // from the device where its profile reads it; 0: unknown
-  std::size_t mr_key_size = 0;
 };
 
 class Nic {

@@ -130,13 +130,6 @@ Address Rail::insert_peer(std::span<const std::byte> address) {
   return peer;
 }
 
-void Rail::remove_peer(Address peer) noexcept {
-  fi_addr_t address = peer;
-  if (int rc = fi_av_remove(av_.get(), &address, 1, 0); rc != 0) {
-    util::log().warn("fi_av_remove on {}: {}", describe(), fi_error_text(rc));
-  }
-}
-
 void Rail::post_rx_cq_data_credits() {
   rx_cq_data_credits_.resize(kRxCqDataCredits);
   credits_waiting_.reserve(kRxCqDataCredits);  // repost_credit() never allocates

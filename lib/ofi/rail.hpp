@@ -1,4 +1,5 @@
-// A rail is one endpoint on one NIC with its own CQ and AV. Data rails carry payload (tagged
+// A rail is one endpoint on one NIC with its own AV; its CQ is the one its rail set shares
+// among the rails of that NIC and role (or its own, alone). Data rails carry payload (tagged
 // eager sends, RMA writes); control rails carry small control messages, so those never queue
 // behind bulk data. Setup is in rail.cpp, the data path in rail_datapath.cpp.
 #pragma once
@@ -36,7 +37,6 @@ struct RailStats {
   std::uint64_t bytes_sent = 0;     // tagged and untagged sends
   std::uint64_t bytes_written = 0;  // RMA writes
   std::uint64_t bytes_read = 0;     // RMA reads (flushes included)
-  std::uint64_t errors = 0;         // failed posts
 };
 
 // Each endpoint owns a small registered buffer. A flush reads a few bytes of the last received
@@ -80,7 +80,6 @@ class Rail {
 
   // Peers. Throws loom::Error on a malformed address.
   Address insert_peer(std::span<const std::byte> address);
-  void remove_peer(Address peer) noexcept;
 
   [[nodiscard]] CompletionQueue& completion_queue() const noexcept { return *cq_; }
   // Sets the handler of the CQ this rail completes on (shared by the rail set's rails there).

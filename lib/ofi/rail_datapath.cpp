@@ -19,11 +19,9 @@ namespace loom::ofi {
 Status Rail::post_failed(const char* call, long rc) {
   // A full queue is back-pressure: the caller posts again after progress. shm (libfabric 1.17)
   // says so with -FI_ENOMEM when its receive entries (as many as the rail's rx depth) are all
-  // posted, where rxm says -FI_EAGAIN; taking it as an error failed receives that loom's API
-  // allows (128 requests of 8 buffers on one communicator) whenever more than the depth were
-  // posted on a rail at once.
+  // posted, where rxm says -FI_EAGAIN; loom's API allows more receives on one rail at once
+  // (128 requests of 8 buffers on one communicator) than that depth.
   if (rc == -FI_EAGAIN || rc == -FI_ENOMEM) return Status::kRetry;
-  ++stats_.errors;
   last_error_ = std::string(call) + " on " + describe() + ": " + fi_error_text(rc);
   // A post retried at every poll (a control receive being reposted) may fail every time.
   if (post_errors_.admit()) util::log().error("{}{}", last_error_, post_errors_.suffix());
@@ -103,7 +101,6 @@ Status Rail::flush(const MemoryRegistration& registration, const void* address, 
                    OpContext* op) {
   length = std::min(length, FlushBuffer::kBytes);
   if (!registration.covers_rail(index_) || !registration.contains(address, length)) {
-    ++stats_.errors;
     last_error_ = "flush on " + describe() + ": the buffer is not registered on this rail";
     return Status::kInvalid;
   }

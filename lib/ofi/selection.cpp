@@ -1,7 +1,6 @@
 #include "ofi/selection.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -11,6 +10,7 @@
 #include "loom/error.hpp"
 #include "ofi/error.hpp"
 #include "providers/profile.hpp"
+#include "util/env.hpp"
 #include "util/log.hpp"
 
 namespace loom::ofi {
@@ -145,10 +145,10 @@ std::string refusal(const std::string& provider, const fi_info* all, const fi_in
       providers.push_back(name);
     }
   }
-  const char* fi_provider = std::getenv("FI_PROVIDER");
+  const auto fi_provider = util::environment("FI_PROVIDER");
   std::string detail = "no usable provider for LOOM_PROVIDER=" +
                        (config.provider.empty() ? std::string("(any)") : config.provider) +
-                       ", FI_PROVIDER=" + (fi_provider ? fi_provider : "(unset)") +
+                       ", FI_PROVIDER=" + fi_provider.value_or("(unset)") +
                        ", LOOM_NICS=" + list_text(config.nics);
   if (rc != 0 && rc != -FI_ENODATA) detail += "; fi_getinfo failed: " + fi_error_text(rc);
   detail += ". Providers found:";
@@ -160,14 +160,30 @@ std::string refusal(const std::string& provider, const fi_info* all, const fi_in
               detail);
 }
 
+// Providers read their parameters from the environment when libfabric initializes them or
+// builds an fi_info, so loom's defaults go there, once per process and before loom's first
+// fi_getinfo: the families the first context names (LOOM_PROVIDER, else FI_PROVIDER), or all.
+void apply_provider_defaults(const Config& config) {
+  const std::string requested =
+      !config.provider.empty() ? config.provider : util::environment("FI_PROVIDER").value_or("");
+  std::vector<util::EnvironmentDefault> defaults;
+  for (const providers::EnvDefault& d : providers::env_defaults_for(requested)) {
+    defaults.push_back({d.name, d.value});
+  }
+  if (util::set_environment_defaults_once(defaults) && !defaults.empty()) {
+    std::string text;
+    for (const auto& d : defaults)
+      text += std::string(text.empty() ? "" : ", ") + d.name + "=" + d.value;
+    util::log().info("provider defaults, each where the environment has no value of its own: {}",
+                     text);
+  }
+}
+
 }  // namespace
 
 std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
   config.validate();
-  const char* fi_provider = std::getenv("FI_PROVIDER");
-  providers::apply_env_defaults(!config.provider.empty() ? std::string_view(config.provider)
-                                : fi_provider != nullptr ? std::string_view(fi_provider)
-                                                         : std::string_view());
+  apply_provider_defaults(config);
   InfoPtr hints = make_hints(config);
   fi_info* list = nullptr;
   long rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);

@@ -3,6 +3,7 @@
 
 #include "loom/p2p.hpp"
 #include "p2p/context_core.hpp"
+#include "p2p/handshake.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
 

@@ -1,10 +1,9 @@
-// Listener and connector: the non-blocking connection handshake over the contexts' bootstrap
-// endpoints. connect() sends the connector's lane addresses with the handle's nonce; accept()
-// answers with the acceptor's lane addresses. Nothing waits for the peer: each call progresses
-// the bootstrap endpoint and returns.
-#include <chrono>
+#include "p2p/handshake.hpp"
 
-#include "ofi/nic.hpp"
+#include <exception>
+
+#include "ofi/subnet.hpp"
+#include "p2p/bootstrap.hpp"
 #include "p2p/context_core.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
@@ -26,25 +25,66 @@ std::unique_ptr<Comm> make_comm(const std::shared_ptr<ContextCore>& core, mux::L
   }
 }
 
+// Why a connect is refused, or nullopt when `listener` may take it. The magic and version are
+// the connector's echo of the handle it decoded; the nonce proves it saw this listener's handle.
+std::optional<RejectReason> judge_connect(const ConnectMessage& message,
+                                          const ListenerState* listener) noexcept {
+  if (message.magic != kHandleMagic) return RejectReason::kBadMagic;
+  if (message.version != kProtocolVersion) return RejectReason::kBadVersion;
+  if (listener == nullptr) return RejectReason::kUnknownListener;
+  if (message.nonce != listener->nonce()) return RejectReason::kBadNonce;
+  return std::nullopt;
+}
+
 }  // namespace
+
+void send_reject(Bootstrap& bootstrap, std::span<const std::byte> reply_to,
+                 std::uint32_t connect_id, RejectReason reason) noexcept {
+  std::byte reply[8];
+  const std::size_t length = encode_reject({connect_id, reason}, reply);
+  try {
+    bootstrap.send(reply_to, MessageType::kReject, {reply, length});
+  } catch (const std::exception& e) {
+    util::log().warn("handshake: cannot answer connect {} ({}): {}; it times out instead",
+                     connect_id, to_string(reason), e.what());
+  }
+}
+
+void admit_connect(Bootstrap& bootstrap, ConnectMessage message, ListenerState* listener) {
+  const std::optional<RejectReason> reason = judge_connect(message, listener);
+  if (!reason) {
+    listener->on_connect(std::move(message));
+    return;
+  }
+  // Refusals count against the listener the message names, when there is one.
+  std::string why = std::string("connect ") + std::to_string(message.connect_id) +
+                    " refused: " + to_string(*reason);
+  if (listener != nullptr) {
+    listener->on_refused(std::move(why));
+  } else {
+    util::log().warn("handshake: {}", why);
+  }
+  send_reject(bootstrap, message.reply_to, message.connect_id, *reason);
+}
 
 // ---- listener ----
 
 ListenerState::ListenerState(std::shared_ptr<ContextCore> core) : core_(std::move(core)) {
-  std::lock_guard lock(core_->bootstrap_mutex());
+  Bootstrap& bootstrap = core_->bootstrap();
+  std::lock_guard lock(bootstrap.mutex());
   nonce_ = core_->random();
-  id_ = core_->add_listener(*this);
+  id_ = bootstrap.add_listener(*this);
   HandleData data{.listener = id_, .nonce = nonce_, .context = core_->id(), .addresses = {}};
   // Every local subnet's bootstrap address that fits: four IPv4 or three IPv6 addresses; the
   // first always goes in (a peer on another subnet can still reach it routed).
-  for (std::size_t rail = 0; rail < core_->bootstrap_rails(); ++rail) {
-    auto address = core_->bootstrap_address(rail);
+  for (std::size_t rail = 0; rail < bootstrap.rails(); ++rail) {
+    auto address = bootstrap.address(rail);
     data.addresses.emplace_back(address.begin(), address.end());
     handle_.size = encode_handle(data, handle_.bytes);
     if (handle_.size != 0) continue;
     data.addresses.pop_back();
     if (data.addresses.empty()) {
-      core_->remove_listener(id_);
+      bootstrap.remove_listener(id_);
       throw Error("listen", core_->provider(), 0,
                   "the endpoint address (" + std::to_string(address.size()) +
                       " bytes) does not fit a " + std::to_string(kMaxHandleBytes) + "-byte handle");
@@ -62,26 +102,20 @@ ListenerState::~ListenerState() {
 }
 
 void ListenerState::close() {
-  std::lock_guard lock(core_->bootstrap_mutex());
+  Bootstrap& bootstrap = core_->bootstrap();
+  std::lock_guard lock(bootstrap.mutex());
   if (closed_) return;
   closed_ = true;
-  core_->remove_listener(id_);
+  bootstrap.remove_listener(id_);
   // Connects that were never accepted are told so instead of waiting for their timeout.
   for (const ConnectMessage& message : pending_) {
-    std::byte reply[8];
-    const std::size_t length =
-        encode_reject({message.connect_id, RejectReason::kUnknownListener}, reply);
-    try {
-      core_->send_bootstrap(message.reply_to, MessageType::kReject, {reply, length});
-    } catch (const Error&) {
-      // The connector times out instead.
-    }
+    send_reject(bootstrap, message.reply_to, message.connect_id, RejectReason::kUnknownListener);
   }
   pending_.clear();
 }
 
 ListenerStats ListenerState::stats() const {
-  std::lock_guard lock(core_->bootstrap_mutex());
+  std::lock_guard lock(core_->bootstrap().mutex());
   return stats_;
 }
 
@@ -96,16 +130,18 @@ void ListenerState::on_refused(std::string why) {
 }
 
 std::unique_ptr<RecvComm> ListenerState::accept() {
-  std::lock_guard lock(core_->bootstrap_mutex());
+  Bootstrap& bootstrap = core_->bootstrap();
+  std::lock_guard lock(bootstrap.mutex());
   if (closed_) throw Error("accept", core_->provider(), 0, "the listener is closed");
-  core_->progress_bootstrap();
+  bootstrap.progress();
   if (pending_.empty()) return nullptr;
   ConnectMessage message = std::move(pending_.front());
   pending_.pop_front();
   std::unique_ptr<Comm> comm;
   try {
-    mux::Lane& lane = core_->lanes().join_recv(message.context, message.lane.lane,
-                                               core_->placement_facing(message.lane));
+    mux::Lane& lane =
+        core_->lanes().join_recv(message.context, message.lane.lane,
+                                 placement_facing(core_->nics(), core_->lanes(), message.lane));
     comm = make_comm<RecvCommImpl>(core_, lane);
     comm->connect_peer(message.lane);
     AcceptMessage accept{
@@ -113,17 +149,10 @@ std::unique_ptr<RecvComm> ListenerState::accept() {
     std::byte body[kHandshakeBytes];
     const std::size_t length = encode_accept(accept, body);
     if (length == 0) throw Error("accept", core_->provider(), 0, "lane addresses do not fit");
-    core_->send_bootstrap(message.reply_to, MessageType::kAccept, {body, length});
+    bootstrap.send(message.reply_to, MessageType::kAccept, {body, length});
   } catch (const Error&) {
     if (comm) Comm::close(std::move(comm));
-    std::byte reply[8];
-    const std::size_t length =
-        encode_reject({message.connect_id, RejectReason::kSetupFailed}, reply);
-    try {
-      core_->send_bootstrap(message.reply_to, MessageType::kReject, {reply, length});
-    } catch (const Error&) {
-      // The connector times out instead.
-    }
+    send_reject(bootstrap, message.reply_to, message.connect_id, RejectReason::kSetupFailed);
     throw;
   }
   ++stats_.accepted;
@@ -139,16 +168,16 @@ ConnectorState::ConnectorState(std::shared_ptr<ContextCore> core, const Handle& 
   if (const char* why = decode_handle(handle.view(), target_)) {
     throw Error("connect", core_->provider(), 0, std::string("bad handle: ") + why);
   }
-  route_ = core_->route_to(target_.addresses);
+  route_ = route_to(core_->nics(), core_->lanes(), target_.addresses);
   util::log().info("connect to listener {} of context {:x}: {}", target_.listener, target_.context,
                    route_.description);
-  std::lock_guard lock(core_->bootstrap_mutex());
-  id_ = core_->add_connector(*this);
+  std::lock_guard lock(core_->bootstrap().mutex());
+  id_ = core_->bootstrap().add_connector(*this);
 }
 
 ConnectorState::~ConnectorState() {
-  std::unique_lock lock(core_->bootstrap_mutex());
-  core_->remove_connector(id_);
+  std::unique_lock lock(core_->bootstrap().mutex());
+  core_->bootstrap().remove_connector(id_);
   lock.unlock();
   if (comm_) Comm::close(std::move(comm_));
 }
@@ -156,7 +185,8 @@ ConnectorState::~ConnectorState() {
 std::unique_ptr<SendComm> ConnectorState::poll() {
   if (failure_) throw *failure_;
   if (done_) return nullptr;
-  std::unique_lock lock(core_->bootstrap_mutex());
+  Bootstrap& bootstrap = core_->bootstrap();
+  std::unique_lock lock(bootstrap.mutex());
   // A failure after the communicator joined its lane takes it off again: a later poll() must
   // not leave it attached behind a new one.
   auto give_up = [&](const Error& error) {
@@ -169,7 +199,9 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
     try {
       mux::Lane& lane = core_->lanes().join_send(target_.context, route_.placement);
       comm_ = make_comm<SendCommImpl>(core_, lane);
-      auto reply_to = core_->bootstrap_address(route_.bootstrap_rail);
+      const std::span<const std::byte> listener = target_.addresses[route_.address];
+      // The answer comes back to the bootstrap rail the connect leaves from.
+      auto reply_to = bootstrap.address(bootstrap.rail_for(listener));
       ConnectMessage message{.listener = target_.listener,
                              .nonce = target_.nonce,
                              .context = core_->id(),
@@ -179,15 +211,14 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
       std::byte body[kHandshakeBytes];
       const std::size_t length = encode_connect(message, body);
       if (length == 0) throw Error("connect", core_->provider(), 0, "lane addresses do not fit");
-      core_->send_bootstrap(target_.addresses[route_.address], MessageType::kConnect,
-                            {body, length}, id_);
+      bootstrap.send(listener, MessageType::kConnect, {body, length}, id_);
       sent_ = true;
     } catch (const Error& error) {
       give_up(error);
       throw;
     }
   }
-  core_->progress_bootstrap();
+  bootstrap.progress();
   auto fail = [&](int code, const std::string& why) {
     give_up(Error("connect", core_->provider(), code, why));
     throw *failure_;

@@ -33,8 +33,8 @@ enum class MessageType : std::uint8_t {
 };
 
 inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"
-// 4: comm ids carry a generation; a close notice says how far its sender got.
-inline constexpr std::uint8_t kProtocolVersion = 4;
+// The handle and the connect carry the one wire protocol version, the control header's.
+using mux::kProtocolVersion;
 inline constexpr std::size_t kMaxAddressBytes = 96;
 inline constexpr std::size_t kMaxHandleAddresses = 4;
 inline constexpr std::size_t kMaxDataRails = 16;

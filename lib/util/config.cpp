@@ -1,6 +1,7 @@
 // The one place LOOM_* variables are read. Each row of kTable names a variable, its default,
-// its documentation and how it is parsed and range-checked; README's table is generated from
-// the same rows (fi_p2p_bw --print-config).
+// its documentation and how it is parsed and range-checked. Config() parses the default
+// column, so a default is written nowhere else. fi_p2p_bw --print-config prints the rows as
+// README's Configuration table, and the config-readme test fails when the two differ.
 #include "loom/config.hpp"
 
 #include <charconv>
@@ -77,6 +78,8 @@ std::vector<std::string> parse_list(std::string_view value) {
 
 constexpr std::string_view kLogLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
 
+// One row per variable: its name, default and documentation, and how a value is parsed into
+// its Config member and range-checked there. Config() is the default column parsed.
 struct Row {
   ConfigVariable var;
   void (*set)(Config&, std::string_view name, std::string_view value);
@@ -84,33 +87,26 @@ struct Row {
 };
 
 template <auto Member, std::uint64_t Lo, std::uint64_t Hi>
-struct Number {
-  static void set(Config& c, std::string_view name, std::string_view value) {
-    using T = std::remove_reference_t<decltype(c.*Member)>;
-    c.*Member = static_cast<T>(parse_number(name, value, Lo, Hi));
-  }
-  static void check(const Config& c, std::string_view name) {
-    auto v = static_cast<std::uint64_t>(c.*Member);
-    if (v < Lo || v > Hi) invalid(name, std::to_string(v), range_text(Lo, Hi));
-  }
-};
-
+void set_number(Config& c, std::string_view name, std::string_view value) {
+  using T = std::remove_reference_t<decltype(c.*Member)>;
+  c.*Member = static_cast<T>(parse_number(name, value, Lo, Hi));
+}
+template <auto Member, std::uint64_t Lo, std::uint64_t Hi>
+void check_number(const Config& c, std::string_view name) {
+  const auto v = static_cast<std::uint64_t>(c.*Member);
+  if (v < Lo || v > Hi) invalid(name, std::to_string(v), range_text(Lo, Hi));
+}
 template <auto Member>
-struct Flag {
-  static void set(Config& c, std::string_view name, std::string_view value) {
-    c.*Member = parse_bool(name, value);
-  }
-  static void check(const Config&, std::string_view) {}
-};
-
+void set_flag(Config& c, std::string_view name, std::string_view value) {
+  c.*Member = parse_bool(name, value);
+}
 template <auto Member>
-struct Text {
-  static void set(Config& c, std::string_view, std::string_view value) { c.*Member = value; }
-  static void check(const Config&, std::string_view) {}
-};
-
-void set_nics(Config& c, std::string_view, std::string_view value) {
-  c.nics = parse_list(value);
+void set_text(Config& c, std::string_view, std::string_view value) {
+  c.*Member = value;
+}
+template <auto Member>
+void set_list(Config& c, std::string_view, std::string_view value) {
+  c.*Member = parse_list(value);
 }
 void check_nothing(const Config&, std::string_view) {}
 
@@ -119,73 +115,94 @@ bool known_log_level(std::string_view value) {
     if (value == level) return true;
   return false;
 }
+template <auto Member>
 void set_log_level(Config& c, std::string_view name, std::string_view value) {
   if (!known_log_level(value)) invalid(name, value, "one of trace, debug, info, warn, error, off");
-  c.log_level = value;
+  c.*Member = value;
 }
 // Reads only: the Config checked may be a const object (Context's default argument).
+template <auto Member>
 void check_log_level(const Config& c, std::string_view name) {
-  if (!known_log_level(c.log_level)) {
-    invalid(name, c.log_level, "one of trace, debug, info, warn, error, off");
+  if (!known_log_level(c.*Member)) {
+    invalid(name, c.*Member, "one of trace, debug, info, warn, error, off");
   }
 }
 
+// Row factories: each names its member, and a number its range, once.
+template <auto Member, std::uint64_t Lo, std::uint64_t Hi>
+constexpr Row number(std::string_view name, std::string_view value, std::string_view doc) {
+  return {{name, value, doc}, set_number<Member, Lo, Hi>, check_number<Member, Lo, Hi>};
+}
+template <auto Member>
+constexpr Row flag(std::string_view name, std::string_view value, std::string_view doc) {
+  return {{name, value, doc}, set_flag<Member>, check_nothing};
+}
+template <auto Member>
+constexpr Row text(std::string_view name, std::string_view value, std::string_view doc) {
+  return {{name, value, doc}, set_text<Member>, check_nothing};
+}
+template <auto Member>
+constexpr Row list(std::string_view name, std::string_view value, std::string_view doc) {
+  return {{name, value, doc}, set_list<Member>, check_nothing};
+}
+template <auto Member>
+constexpr Row log_level(std::string_view name, std::string_view value, std::string_view doc) {
+  return {{name, value, doc}, set_log_level<Member>, check_log_level<Member>};
+}
+
 constexpr std::uint64_t kMaxBytes = 1ull << 40;
+constexpr std::uint64_t kMaxMs = 3600000;
 
 // clang-format off
 constexpr Row kTable[] = {
-  {{"LOOM_PROVIDER", "", "libfabric provider to use (e.g. efa, cxi, verbs;ofi_rxm, tcp;ofi_rxm, "
-    "shm, epmr); empty = libfabric's first match. FI_PROVIDER filters as usual."},
-   Text<&Config::provider>::set, Text<&Config::provider>::check},
-  {{"LOOM_NICS", "", "comma-separated domain names (NICs) to use, in this order; empty = every "
-    "NIC of the provider, closest first"}, set_nics, check_nothing},
-  {{"LOOM_LOOPBACK_ONLY", "0", "use only NICs whose address is loopback (or that have no IP "
-    "address, like shm); for single-host runs"},
-   Flag<&Config::loopback_only>::set, Flag<&Config::loopback_only>::check},
-  {{"LOOM_DATA_RAILS", "1", "data rails (endpoints carrying payload) per lane; more rails than "
-    "NICs puts several endpoints on one NIC"},
-   Number<&Config::data_rails, 1, 16>::set, Number<&Config::data_rails, 1, 16>::check},
-  {{"LOOM_CTRL_RAILS", "1", "control rails (endpoints carrying handshakes and clear-to-send) per "
-    "lane"},
-   Number<&Config::ctrl_rails, 1, 4>::set, Number<&Config::ctrl_rails, 1, 4>::check},
-  {{"LOOM_NGROUPS", "1", "lanes (endpoint groups) shared by the communicators to one peer in one "
-    "direction; 0 = one lane per communicator"},
-   Number<&Config::ngroups, 0, 256>::set, Number<&Config::ngroups, 0, 256>::check},
-  {{"LOOM_QP_DEPTH_MULTIPLIER", "1", "scales queue depths of shared lanes; clamped to the "
-    "provider's limits"},
-   Number<&Config::qp_depth_multiplier, 1, 64>::set,
-   Number<&Config::qp_depth_multiplier, 1, 64>::check},
-  {{"LOOM_EAGER_MAX", "16k", "largest message sent eagerly (tagged send), and largest receive "
-    "buffer given an eager receive, both never above the provider's max_msg_size; larger "
-    "messages, and any message to a larger buffer, use RDMA-write rendezvous"},
-   Number<&Config::eager_max, 0, 1ull << 24>::set, Number<&Config::eager_max, 0, 1ull << 24>::check},
-  {{"LOOM_INJECT_MAX", "4k", "largest eager message sent by fi_tinjectdata (no send completion) "
-    "where the provider's inject size allows it; 0 = never"},
-   Number<&Config::inject_max, 0, 1ull << 20>::set, Number<&Config::inject_max, 0, 1ull << 20>::check},
-  {{"LOOM_MIN_STRIPE", "256k", "smallest piece a rendezvous message is split into across data "
-    "rails"},
-   Number<&Config::min_stripe, 4096, kMaxBytes>::set,
-   Number<&Config::min_stripe, 4096, kMaxBytes>::check},
-  {{"LOOM_MR_CACHE_ENTRIES", "1024", "registrations in use per lane above which the MR cache "
-    "says so (debug); a registration is released with its last user, never kept unused"},
-   Number<&Config::mr_cache_entries, 1, 1u << 20>::set,
-   Number<&Config::mr_cache_entries, 1, 1u << 20>::check},
-  {{"LOOM_LOG_LEVEL", "warn", "trace, debug, info, warn, error or off"},
-   set_log_level, check_log_level},
-  {{"LOOM_CONNECT_TIMEOUT_MS", "30000", "connect gives up after this long without an answer"},
-   Number<&Config::connect_timeout_ms, 1, 3600000>::set,
-   Number<&Config::connect_timeout_ms, 1, 3600000>::check},
-  {{"LOOM_PEER_TIMEOUT_MS", "10000", "a peer silent this long while requests wait on it is taken "
-    "as dead (peer error); also how long a closed peer's pending messages have to arrive"},
-   Number<&Config::peer_timeout_ms, 1, 3600000>::set,
-   Number<&Config::peer_timeout_ms, 1, 3600000>::check},
-  {{"LOOM_FORCE_FLUSH", "0", "run iflush's read even for host memory (tests the GPU path)"},
-   Flag<&Config::force_flush>::set, Flag<&Config::force_flush>::check},
-  {{"LOOM_TOPOLOGY_XML", "", "hwloc XML topology to use instead of this machine's"},
-   Text<&Config::topology_xml>::set, Text<&Config::topology_xml>::check},
-  {{"LOOM_GPU", "", "PCI bus id of the GPU this process drives (0000:13:00.0): NICs closest to "
-    "it become the rails; empty = closest to the calling thread's CPUs"},
-   Text<&Config::gpu>::set, Text<&Config::gpu>::check},
+  text<&Config::provider>("LOOM_PROVIDER", "",
+    "libfabric provider to use (e.g. efa, cxi, verbs;ofi_rxm, tcp;ofi_rxm, shm, epmr); empty = "
+    "libfabric's first match. FI_PROVIDER filters as usual."),
+  list<&Config::nics>("LOOM_NICS", "",
+    "comma-separated domain names (NICs) to use, in this order; empty = every NIC of the "
+    "provider, closest first"),
+  flag<&Config::loopback_only>("LOOM_LOOPBACK_ONLY", "0",
+    "use only NICs whose address is loopback (or that have no IP address, like shm); for "
+    "single-host runs"),
+  number<&Config::data_rails, 1, 16>("LOOM_DATA_RAILS", "1",
+    "data rails (endpoints carrying payload) per lane; more rails than NICs puts several "
+    "endpoints on one NIC"),
+  number<&Config::ctrl_rails, 1, 4>("LOOM_CTRL_RAILS", "1",
+    "control rails (endpoints carrying handshakes and clear-to-send) per lane"),
+  number<&Config::ngroups, 0, 256>("LOOM_NGROUPS", "1",
+    "lanes (endpoint groups) shared by the communicators to one peer in one direction; 0 = one "
+    "lane per communicator"),
+  number<&Config::qp_depth_multiplier, 1, 64>("LOOM_QP_DEPTH_MULTIPLIER", "1",
+    "scales queue depths of shared lanes; clamped to the provider's limits"),
+  number<&Config::eager_max, 0, 1ull << 24>("LOOM_EAGER_MAX", "16k",
+    "largest message sent eagerly (tagged send), and largest receive buffer given an eager "
+    "receive, both never above the provider's max_msg_size; larger messages, and any message to "
+    "a larger buffer, use RDMA-write rendezvous"),
+  number<&Config::inject_max, 0, 1ull << 20>("LOOM_INJECT_MAX", "4k",
+    "largest eager message sent by fi_tinjectdata (no send completion) where the provider's "
+    "inject size allows it (shm: 4 KiB, rxm: 64 B); 0 = never"),
+  number<&Config::min_stripe, 4096, kMaxBytes>("LOOM_MIN_STRIPE", "256k",
+    "smallest piece a rendezvous message is split into across data rails"),
+  number<&Config::mr_cache_entries, 1, 1u << 20>("LOOM_MR_CACHE_ENTRIES", "1024",
+    "registrations in use per lane above which the MR cache says so (debug); a registration is "
+    "released with its last user, never kept unused"),
+  log_level<&Config::log_level>("LOOM_LOG_LEVEL", "warn",
+    "trace, debug, info, warn, error or off"),
+  number<&Config::connect_timeout_ms, 1, kMaxMs>("LOOM_CONNECT_TIMEOUT_MS", "30000",
+    "connect gives up after this long without an answer (accept never times out: it returns "
+    "nothing until a connect arrives); also how long a handshake message waits for a peer that "
+    "cannot take it"),
+  number<&Config::peer_timeout_ms, 1, kMaxMs>("LOOM_PEER_TIMEOUT_MS", "10000",
+    "a peer silent this long while requests wait on it is taken as dead (peer error): a live "
+    "peer that answers pings never is, however long a request waits; also how long a closed "
+    "peer's pending messages have to arrive, and close waits for its writes"),
+  flag<&Config::force_flush>("LOOM_FORCE_FLUSH", "0",
+    "run iflush's read even for host memory (tests the GPU path)"),
+  text<&Config::topology_xml>("LOOM_TOPOLOGY_XML", "",
+    "hwloc XML topology to use instead of this machine's"),
+  text<&Config::gpu>("LOOM_GPU", "",
+    "PCI bus id of the GPU this process drives (0000:13:00.0): NICs closest to it become the "
+    "rails; empty = closest to the calling thread's CPUs"),
 };
 // clang-format on
 
@@ -206,6 +223,10 @@ const Row* find_row(std::string_view name) {
 
 std::span<const ConfigVariable> config_variables() noexcept {
   return kVariables;
+}
+
+Config::Config() {
+  for (const auto& row : kTable) row.set(*this, row.var.name, row.var.default_value);
 }
 
 Config Config::from_values(const std::map<std::string, std::string, std::less<>>& values) {

@@ -1,7 +1,8 @@
 // Comm ids carry a generation: a closed communicator's id does not come back for thousands of
-// attaches on its lane, and a control message still addressed to it is dropped instead of being
-// handed to the communicator that took its slot (a late clear-to-send taken by a new
-// communicator would let the peer write into a buffer it already gave back).
+// attaches on its lane, and a control message or a remote write still addressed to it is
+// dropped (and counted) instead of being handed to the communicator that took its slot (a late
+// clear-to-send taken by a new communicator would let the peer write into a buffer it already
+// gave back).
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -11,6 +12,7 @@
 
 #include "loom/config.hpp"
 #include "mux/lane.hpp"
+#include "ofi/memory_registration.hpp"
 #include "ofi/nic.hpp"
 #include "ofi/selection.hpp"
 
@@ -26,6 +28,15 @@ struct RecordingPort final : mux::CommPort {
   void on_deferred() override {}
   [[nodiscard]] bool drained() const noexcept override { return true; }
   void abandon_registrations() noexcept override {}
+};
+
+struct WriteDone final : ofi::CompletionHandler {
+  bool done = false;
+  Status status = Status::kOk;
+  void on_completion(ofi::OpContext&, const ofi::Completion& completion) override {
+    done = true;
+    status = completion.status;
+  }
 };
 
 constexpr std::uint8_t kStaleType = 200;
@@ -84,6 +95,35 @@ TEST_CASE("mux ids of closed communicators are not reused soon and their traffic
   CHECK(closed.types.empty());
   CHECK(lane.stats().stray_control == 1);
   for (auto& port : resident) CHECK(port->types.empty());
+
+  // A late rendezvous write still addressed to the closed id: its CQ data reaches no one.
+  std::vector<std::byte> target(64);
+  ofi::MemoryRegistration registration(lane.rails().rails(), target.data(), target.size());
+  ofi::Rail& data = lane.rails().data(0);
+  const ofi::Address self_data = lane.peer_address(0, data.address());
+  WriteDone write;
+  ofi::OpContext op{.provider_scratch = {}, .handler = &write};
+  const std::uint32_t immediate =
+      mux::encode_immediate({.comm = stale, .seq = 0, .fills = true, .stripes = 1});
+  auto post = [&] {
+    return data.write(self_data, target.data(), 8, registration.desc(data.index()),
+                      registration.remote_address(target.data() + 32),
+                      registration.key(data.index()), immediate, &op);
+  };
+  Status status = post();
+  while (status == Status::kRetry && std::chrono::steady_clock::now() < deadline) {
+    lane.progress();
+    status = post();
+  }
+  REQUIRE(status == Status::kOk);
+  while ((!write.done || lane.stats().stray_remote_writes == 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    lane.progress();
+  }
+  REQUIRE(write.done);
+  CHECK(write.status == Status::kOk);
+  CHECK(lane.stats().stray_remote_writes == 1);
+  CHECK(fresh.types == std::vector<std::uint8_t>{kFreshType});
 }
 
 }  // namespace

@@ -1,69 +1,59 @@
-// Provider profiles: which environment defaults loom sets, and that a user's value wins.
+// Provider profiles: which environment defaults loom sets for which families, and that a user's
+// value wins.
 #include "providers/profile.hpp"
 
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "util/env.hpp"
+
 namespace {
 
+using loom::providers::env_defaults_for;
+
+std::map<std::string, std::string> defaults_for(std::string_view requested) {
+  std::map<std::string, std::string> out;
+  for (const auto& d : env_defaults_for(requested)) out.emplace(d.name, d.value);
+  return out;
+}
+
 std::string env(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? value : "<unset>";
+  return loom::util::environment(name).value_or("<unset>");
 }
 
 }  // namespace
 
-TEST_CASE("provider profiles: environment defaults for the named family, user wins", "[profile]") {
-  using loom::providers::apply_env_defaults;
-  using loom::providers::profile_for;
-  unsetenv("FI_OFI_RXM_USE_SRX");
-  unsetenv("FI_CXI_RX_MATCH_MODE");
-
-  apply_env_defaults("shm");
-  CHECK(env("FI_OFI_RXM_USE_SRX") == "<unset>");
-  CHECK(env("FI_CXI_RX_MATCH_MODE") == "<unset>");
-
-  // rxm over tcp: per-connection bounce buffers (the shared queue cost 315 MB per process).
-  apply_env_defaults("tcp;ofi_rxm");
-  CHECK(env("FI_OFI_RXM_USE_SRX") == "0");
-  CHECK(env("FI_CXI_RX_MATCH_MODE") == "<unset>");
-
-  setenv("FI_OFI_RXM_USE_SRX", "1", 1);
-  apply_env_defaults("verbs;ofi_rxm");
-  CHECK(env("FI_OFI_RXM_USE_SRX") == "1");
-
-  apply_env_defaults("cxi,shm");
-  CHECK(env("FI_CXI_RX_MATCH_MODE") == "hybrid");
-
+TEST_CASE("provider profiles: environment defaults for the named family", "[profile]") {
+  using Defaults = std::map<std::string, std::string>;
+  CHECK(defaults_for("shm").empty());
+  // rxm over tcp or verbs: per-connection bounce buffers (README, Providers).
+  CHECK(defaults_for("tcp;ofi_rxm") == Defaults{{"FI_OFI_RXM_USE_SRX", "0"}});
+  CHECK(defaults_for("verbs;ofi_rxm") == Defaults{{"FI_OFI_RXM_USE_SRX", "0"}});
+  CHECK(defaults_for("cxi,shm") == Defaults{{"FI_CXI_RX_MATCH_MODE", "hybrid"}});
   // EFA turns device RDMA on where the device has it; forcing it aborts on first-generation
   // devices, so loom never sets it.
-  unsetenv("FI_EFA_USE_DEVICE_RDMA");
-  apply_env_defaults("efa");
-  CHECK(env("FI_EFA_USE_DEVICE_RDMA") == "<unset>");
+  CHECK(defaults_for("efa").empty());
 
+  using loom::providers::profile_for;
   CHECK(profile_for("tcp;ofi_rxm").family == "tcp");
   CHECK(profile_for("verbs;ofi_rxm").family == "verbs");
   CHECK(profile_for("epmr").family.empty());
-  unsetenv("FI_OFI_RXM_USE_SRX");
-  unsetenv("FI_CXI_RX_MATCH_MODE");
 }
 
 // The README's main command names no provider: libfabric picks one, so every family's
-// defaults apply (rxm's shared receive queue otherwise cost 147 MB per communicator there).
+// defaults apply, each variable once.
 TEST_CASE("provider profiles: every family's defaults when none is named", "[profile]") {
-  using loom::providers::apply_env_defaults;
   for (const char* requested : {"", "^efa", "psm3"}) {
-    unsetenv("FI_OFI_RXM_USE_SRX");
-    unsetenv("FI_CXI_RX_MATCH_MODE");
-    apply_env_defaults(requested);
-    CHECK(env("FI_OFI_RXM_USE_SRX") == "0");
-    CHECK(env("FI_CXI_RX_MATCH_MODE") == "hybrid");
+    INFO("requested " << requested);
+    CHECK(defaults_for(requested) ==
+          std::map<std::string, std::string>{{"FI_OFI_RXM_USE_SRX", "0"},
+                                             {"FI_CXI_RX_MATCH_MODE", "hybrid"}});
+    CHECK(env_defaults_for(requested).size() == 2);
   }
-  unsetenv("FI_OFI_RXM_USE_SRX");
-  unsetenv("FI_CXI_RX_MATCH_MODE");
 }
 
 // Setting every family's defaults at once is safe only while no two families disagree.
@@ -77,4 +67,28 @@ TEST_CASE("provider profiles: no variable gets two different defaults", "[profil
     }
   }
   CHECK(seen.count("FI_OFI_RXM_USE_SRX") == 1);
+}
+
+// The one write to the environment: a user's value is never replaced, and only the first call
+// in the process writes (meson's ofi-profile runs these cases in a process of their own, where
+// no context has applied the defaults before).
+TEST_CASE("provider defaults: applied once, never over the user's value", "[profile]") {
+  using loom::util::EnvironmentDefault;
+  setenv("FI_OFI_RXM_USE_SRX", "1", 1);  // the user's
+  unsetenv("FI_CXI_RX_MATCH_MODE");
+  const EnvironmentDefault defaults[] = {{"FI_OFI_RXM_USE_SRX", "0"},
+                                         {"FI_CXI_RX_MATCH_MODE", "hybrid"}};
+  const bool first = loom::util::set_environment_defaults_once(defaults);
+  CHECK(env("FI_OFI_RXM_USE_SRX") == "1");
+  if (first) {
+    CHECK(env("FI_CXI_RX_MATCH_MODE") == "hybrid");
+  } else {
+    WARN("this process applied its provider defaults before this test");
+  }
+  // Later calls write nothing, whatever they pass.
+  unsetenv("FI_CXI_RX_MATCH_MODE");
+  const EnvironmentDefault again[] = {{"FI_CXI_RX_MATCH_MODE", "software"}};
+  CHECK_FALSE(loom::util::set_environment_defaults_once(again));
+  CHECK(env("FI_CXI_RX_MATCH_MODE") == "<unset>");
+  unsetenv("FI_OFI_RXM_USE_SRX");
 }

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "p2p/bootstrap.hpp"
 #include "p2p/context_core.hpp"
 #include "p2p/messages.hpp"
 #include "support/p2p_pair.hpp"
@@ -17,7 +18,7 @@ using p2p::ContextCore;
 
 // A connect as a genuine connector would build it for `handle`, from `forger`'s addresses.
 ConnectMessage connect_for(const p2p::HandleData& target, ContextCore& forger) {
-  auto reply_to = forger.bootstrap_address();
+  auto reply_to = forger.bootstrap().address();
   ConnectMessage message{.listener = target.listener,
                          .nonce = target.nonce,
                          .context = forger.id(),
@@ -30,8 +31,8 @@ ConnectMessage connect_for(const p2p::HandleData& target, ContextCore& forger) {
 }
 
 void send_raw(ContextCore& forger, const p2p::HandleData& target, std::span<const std::byte> body) {
-  std::lock_guard lock(forger.bootstrap_mutex());
-  forger.send_bootstrap(target.addresses.front(), p2p::MessageType::kConnect, body);
+  std::lock_guard lock(forger.bootstrap().mutex());
+  forger.bootstrap().send(target.addresses.front(), p2p::MessageType::kConnect, body);
 }
 
 void send_connect(ContextCore& forger, const p2p::HandleData& target,
@@ -92,8 +93,8 @@ void forger_role(Channel& channel) {
       channel.send_value(step);
       poll_until([&] { return channel.readable(); },
                  [&] {
-                   std::lock_guard lock(forger->bootstrap_mutex());
-                   forger->progress_bootstrap();
+                   std::lock_guard lock(forger->bootstrap().mutex());
+                   forger->bootstrap().progress();
                  },
                  "the listener's verdict");
       require(channel.recv_value<int>() == step, "steps out of order");

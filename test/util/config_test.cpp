@@ -12,28 +12,58 @@
 
 namespace loom {
 
-TEST_CASE("config: the table's defaults are Config's defaults", "[util]") {
-  std::map<std::string, std::string, std::less<>> defaults;
+// Config() is the table's default column parsed: each default parses, is in its row's range,
+// and reading the whole column back as values gives the same Config.
+TEST_CASE("config: the table's defaults round-trip through Config", "[util]") {
+  const Config defaults;
+  CHECK_NOTHROW(defaults.validate());
+  std::map<std::string, std::string, std::less<>> column;
   for (const auto& var : config_variables()) {
-    if (!var.default_value.empty()) defaults.emplace(var.name, var.default_value);
-  }
-  Config parsed = Config::from_values(defaults);
-  Config plain;
-  CHECK(parsed.data_rails == plain.data_rails);
-  CHECK(parsed.ctrl_rails == plain.ctrl_rails);
-  CHECK(parsed.ngroups == plain.ngroups);
-  CHECK(parsed.qp_depth_multiplier == plain.qp_depth_multiplier);
-  CHECK(parsed.eager_max == plain.eager_max);
-  CHECK(parsed.min_stripe == plain.min_stripe);
-  CHECK(parsed.mr_cache_entries == plain.mr_cache_entries);
-  CHECK(parsed.log_level == plain.log_level);
-  CHECK(parsed.connect_timeout_ms == plain.connect_timeout_ms);
-  CHECK(parsed.peer_timeout_ms == plain.peer_timeout_ms);
-  CHECK(parsed.force_flush == plain.force_flush);
-  CHECK(parsed.loopback_only == plain.loopback_only);
-  for (const auto& var : config_variables()) {
+    column.emplace(var.name, var.default_value);
     CHECK(var.name.starts_with("LOOM_"));
     CHECK_FALSE(var.doc.empty());
+    INFO(var.name << "=" << var.default_value);
+    CHECK(Config::from_values({{std::string(var.name), std::string(var.default_value)}}) ==
+          defaults);
+  }
+  CHECK(column.size() == config_variables().size());  // no variable twice
+  CHECK(Config::from_values(column) == defaults);
+  CHECK(Config::from_values({}) == defaults);
+  // A few defaults the rest of loom is written against.
+  CHECK(defaults.data_rails == 1);
+  CHECK(defaults.eager_max == 16384);
+  CHECK(defaults.log_level == "warn");
+  CHECK(defaults.nics.empty());
+}
+
+// Every row writes its own member: a non-default value for one variable changes the Config,
+TEST_CASE("config: every variable sets a field", "[util]") {
+  const std::map<std::string, std::string, std::less<>> other = {
+      {"LOOM_PROVIDER", "shm"},          {"LOOM_NICS", "lo"},
+      {"LOOM_LOOPBACK_ONLY", "1"},       {"LOOM_DATA_RAILS", "2"},
+      {"LOOM_CTRL_RAILS", "2"},          {"LOOM_NGROUPS", "0"},
+      {"LOOM_QP_DEPTH_MULTIPLIER", "2"}, {"LOOM_EAGER_MAX", "1k"},
+      {"LOOM_INJECT_MAX", "0"},          {"LOOM_MIN_STRIPE", "1m"},
+      {"LOOM_MR_CACHE_ENTRIES", "7"},    {"LOOM_LOG_LEVEL", "off"},
+      {"LOOM_CONNECT_TIMEOUT_MS", "5"},  {"LOOM_PEER_TIMEOUT_MS", "6"},
+      {"LOOM_FORCE_FLUSH", "1"},         {"LOOM_TOPOLOGY_XML", "/x.xml"},
+      {"LOOM_GPU", "0000:13:00.0"},
+  };
+  const Config defaults;
+  for (const auto& var : config_variables()) {
+    INFO(var.name);
+    const auto value = other.find(var.name);
+    REQUIRE(value != other.end());  // a new variable needs a line above
+    CHECK_FALSE(Config::from_values({{value->first, value->second}}) == defaults);
+  }
+  CHECK(other.size() == config_variables().size());
+  // ... and no two rows write the same one: leaving any one variable out changes the result.
+  const Config all = Config::from_values(other);
+  for (const auto& var : config_variables()) {
+    INFO(var.name);
+    auto without = other;
+    without.erase(without.find(var.name));
+    CHECK_FALSE(Config::from_values(without) == all);
   }
 }
 

@@ -1,0 +1,89 @@
+// The non-blocking connection handshake, over the contexts' bootstrap endpoints
+// (p2p/bootstrap.hpp). connect() sends the connector's lane addresses with the handle's nonce;
+// the listener judges the connect (magic, version, listener, nonce) and either refuses it with
+// a reason or queues it for accept(), which answers with the acceptor's lane addresses.
+// Nothing waits for the peer: each call progresses the bootstrap endpoint and returns.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "loom/p2p.hpp"
+#include "p2p/messages.hpp"
+#include "p2p/route.hpp"
+
+namespace loom::p2p {
+
+class Bootstrap;
+class Comm;
+class ContextCore;
+
+class ListenerState {
+ public:
+  explicit ListenerState(std::shared_ptr<ContextCore> core);
+  ~ListenerState();
+
+  [[nodiscard]] const Handle& handle() const noexcept { return handle_; }
+  std::unique_ptr<RecvComm> accept();
+  void close();
+  [[nodiscard]] ListenerStats stats() const;
+
+  // From the bootstrap endpoint (its mutex held).
+  void on_connect(ConnectMessage message);
+  void on_refused(std::string why);
+  [[nodiscard]] std::uint64_t nonce() const noexcept { return nonce_; }
+
+ private:
+  std::shared_ptr<ContextCore> core_;
+  std::uint32_t id_ = 0;
+  std::uint64_t nonce_ = 0;
+  Handle handle_;
+  bool closed_ = false;
+  std::deque<ConnectMessage> pending_;
+  ListenerStats stats_;
+};
+
+class ConnectorState {
+ public:
+  ConnectorState(std::shared_ptr<ContextCore> core, const Handle& handle);
+  ~ConnectorState();
+
+  std::unique_ptr<SendComm> poll();
+
+  // From the bootstrap endpoint (its mutex held).
+  void on_accept(AcceptMessage message) { accept_ = std::move(message); }
+  void on_reject(RejectMessage message) { reject_ = message; }
+  void on_send_failed(std::string why) { send_error_ = std::move(why); }
+
+ private:
+  std::shared_ptr<ContextCore> core_;
+  HandleData target_;
+  Route route_;
+  std::uint32_t id_ = 0;
+  std::unique_ptr<Comm> comm_;
+  bool sent_ = false;
+  bool done_ = false;
+  std::optional<Error> failure_;  // why the connect failed; every later poll() says it again
+  std::chrono::steady_clock::time_point deadline_;
+  std::optional<AcceptMessage> accept_;
+  std::optional<RejectMessage> reject_;
+  std::optional<std::string> send_error_;
+};
+
+// A connect that arrived for `listener` (nullptr: it names none that is open). Refused with a
+// reason, counted against the listener where there is one, or queued for its accept(). The
+// bootstrap mutex is held.
+void admit_connect(Bootstrap& bootstrap, ConnectMessage message, ListenerState* listener);
+
+// Tells the connector at `reply_to` that its connect `connect_id` is refused. Best effort:
+// when the reply cannot even be queued the connector times out instead. The bootstrap mutex
+// is held.
+void send_reject(Bootstrap& bootstrap, std::span<const std::byte> reply_to,
+                 std::uint32_t connect_id, RejectReason reason) noexcept;
+
+}  // namespace loom::p2p
