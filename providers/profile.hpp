@@ -39,6 +39,8 @@ struct Profile {
   std::optional<DeviceLimits> (*device_limits)(std::string_view domain_name) = nullptr;
   // Completions failed with one of these are peer errors (Status::kPeerError).
   std::span<const PeerGoneError> peer_gone_errors = {};
+  // Non-empty: why loom never injects on this provider (its inject_size is taken as 0).
+  std::string_view no_inject = {};
 };
 
 // The profile for a provider name as fi_info reports it ("verbs;ofi_rxm" -> verbs). Unknown
@@ -61,5 +63,7 @@ extern const Profile kCxiProfile;
 extern const Profile kVerbsProfile;
 extern const Profile kTcpProfile;
 extern const Profile kShmProfile;
+extern const Profile kSocketsProfile;
+extern const Profile kUdpProfile;
 
 }  // namespace loom::providers

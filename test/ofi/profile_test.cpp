@@ -47,6 +47,11 @@ TEST_CASE("provider profiles: environment defaults for the named family, user wi
   CHECK(profile_for("tcp;ofi_rxm").family == "tcp");
   CHECK(profile_for("verbs;ofi_rxm").family == "verbs");
   CHECK(profile_for("epmr").family.empty());
+  CHECK(profile_for("udp;ofi_rxd").family == "udp");
+  CHECK(!profile_for("udp;ofi_rxd").no_inject.empty());
+  CHECK(profile_for("tcp;ofi_rxm").no_inject.empty());
+  CHECK(profile_for("sockets").peer_gone_errors.size() == 1);
+  CHECK(profile_for("shm").peer_gone_errors.size() == 1);
   unsetenv("FI_OFI_RXM_USE_SRX");
   unsetenv("FI_CXI_RX_MATCH_MODE");
 }
