@@ -4,7 +4,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 
+#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -20,6 +22,22 @@
 
 namespace ncclnet {
 namespace {
+
+// A rank that ends without closing its endpoints (killed, or failed and left through _exit)
+// leaves the shm provider's regions in /dev/shm ("<pid>:..."): 16 MB each, and a later
+// process that gets the same pid fails to open its endpoints (fi_enable: EBUSY). The tests'
+// run_pair does the same for its children; bench includes nothing of test/.
+void remove_shm_regions(pid_t pid) {
+  const std::string prefix = std::to_string(pid) + ":";
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (std::string_view(entry->d_name).starts_with(prefix)) {
+      ::unlink((std::string("/dev/shm/") + entry->d_name).c_str());
+    }
+  }
+  ::closedir(dir);
+}
 
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
@@ -163,8 +181,9 @@ std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds t
       else if (WEXITSTATUS(status) != 0)
         why = "failed (exit " + std::to_string(WEXITSTATUS(status)) + ")";
       if (!why.empty()) {
+        remove_shm_regions(pid);
         error += (error.empty() ? "case " + name + ": " : "; ") +
-                 ("rank " + std::to_string(r) + " " + why);
+                 ("rank " + std::to_string(r) + " " + why + " [pid " + std::to_string(pid) + "]");
         deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
       }
       continue;
@@ -174,8 +193,10 @@ std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds t
         if (pids[r] <= 0) continue;
         ::kill(pids[r], SIGKILL);
         ::waitpid(pids[r], nullptr, 0);
+        remove_shm_regions(pids[r]);
         error += (error.empty() ? "case " + name + ": " : "; ") +
-                 ("rank " + std::to_string(r) + " did not finish in time (killed)");
+                 ("rank " + std::to_string(r) + " did not finish in time (killed) [pid " +
+                  std::to_string(pids[r]) + "]");
         pids[r] = -1;
         --alive;
       }

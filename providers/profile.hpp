@@ -18,6 +18,13 @@ struct EnvDefault {
   const char* why;
 };
 
+// An error code (positive, as in fi_cq_err_entry::err) by which the provider reports a
+// transfer that the peer's exit cut off, beside the connection errors every provider uses.
+struct PeerGoneError {
+  int code;
+  const char* meaning;  // appended to the provider's text for the user
+};
+
 // Device limits read from the device itself where libfabric does not report them.
 struct DeviceLimits {
   std::size_t max_queue_depth = 0;
@@ -31,6 +38,10 @@ struct Profile {
   std::span<const EnvDefault> env_defaults;
   // Reads limits from the device named by the libfabric domain; nullopt where unknown.
   std::optional<DeviceLimits> (*device_limits)(std::string_view domain_name) = nullptr;
+  // Completions failed with one of these are peer errors (Status::kPeerError).
+  std::span<const PeerGoneError> peer_gone_errors = {};
+  // Non-empty: why loom never injects on this provider (its inject_size is taken as 0).
+  std::string_view no_inject = {};
 };
 
 // The profile for a provider name as fi_info reports it ("verbs;ofi_rxm" -> verbs). Unknown
@@ -53,5 +64,7 @@ extern const Profile kCxiProfile;
 extern const Profile kVerbsProfile;
 extern const Profile kTcpProfile;
 extern const Profile kShmProfile;
+extern const Profile kSocketsProfile;
+extern const Profile kUdpProfile;
 
 }  // namespace loom::providers

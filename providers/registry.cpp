@@ -12,8 +12,9 @@ constexpr Profile kGenericProfile{
     .env_defaults = {},
 };
 
-constexpr const Profile* kProfiles[] = {&kEfaProfile, &kCxiProfile, &kVerbsProfile, &kTcpProfile,
-                                        &kShmProfile};
+constexpr const Profile* kProfiles[] = {&kEfaProfile, &kCxiProfile, &kVerbsProfile,
+                                        &kTcpProfile, &kShmProfile, &kSocketsProfile,
+                                        &kUdpProfile};
 
 // "verbs;ofi_rxm" and "tcp;ofi_rxm" name the core provider first.
 std::string_view core_name(std::string_view prov_name) {

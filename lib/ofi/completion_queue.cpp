@@ -9,6 +9,7 @@
 #include "ofi/error.hpp"
 #include "ofi/nic.hpp"
 #include "ofi/rail.hpp"
+#include "providers/profile.hpp"
 #include "util/log.hpp"
 
 namespace loom::ofi {
@@ -19,6 +20,13 @@ namespace {
 bool connection_lost(int code) {
   return code == FI_ECONNRESET || code == FI_ECONNREFUSED || code == FI_ECONNABORTED ||
          code == FI_ENOTCONN || code == EPIPE || code == FI_EHOSTUNREACH;
+}
+
+// What `code` means where the provider uses it for a peer that exited (see its profile).
+const char* peer_gone(const providers::Profile& profile, int code) {
+  for (const providers::PeerGoneError& error : profile.peer_gone_errors)
+    if (error.code == code) return error.meaning;
+  return nullptr;
 }
 
 }  // namespace
@@ -128,12 +136,14 @@ void CompletionQueue::read_error_entry() {
   char provider_text[256] = {};
   const char* detail = fi_cq_strerror(cq_.get(), error.prov_errno, error.err_data, provider_text,
                                       sizeof provider_text);
+  const char* gone = peer_gone(nic_->profile(), code);
   const std::string text = nic_->attributes().domain + " [" + nic_->attributes().provider +
                            "]: " + fi_strerror(code) + " (" +
-                           std::string(detail != nullptr ? detail : "") + ")";
-  const Status status = code == FI_ETRUNC       ? Status::kTruncated
-                        : connection_lost(code) ? Status::kPeerError
-                                                : Status::kError;
+                           std::string(detail != nullptr ? detail : "") + ")" +
+                           (gone != nullptr ? std::string(": ") + gone : std::string());
+  const Status status = code == FI_ETRUNC                          ? Status::kTruncated
+                        : connection_lost(code) || gone != nullptr ? Status::kPeerError
+                                                                   : Status::kError;
   if (credit != nullptr) {
     // Each lost credit leaves one remote write fewer that can complete: post it again.
     if (credit_errors_.admit()) {

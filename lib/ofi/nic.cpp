@@ -91,6 +91,8 @@ Nic::Nic(InfoPtr info)
   if (info_->addr_format == FI_SOCKADDR_IN || info_->addr_format == FI_SOCKADDR_IN6) {
     subnet_ = Subnet::parse(attributes_.fabric);
   }
+  // Every inject (data and control messages) then goes as a send with a completion.
+  if (!profile_->no_inject.empty()) attributes_.inject_size = 0;
   if (profile_->device_limits != nullptr) {
     if (auto limits = profile_->device_limits(attributes_.domain)) {
       if (limits->max_endpoints != 0) attributes_.max_endpoints = limits->max_endpoints;

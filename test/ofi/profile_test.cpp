@@ -42,6 +42,11 @@ TEST_CASE("provider profiles: environment defaults for the named family", "[prof
   CHECK(profile_for("tcp;ofi_rxm").family == "tcp");
   CHECK(profile_for("verbs;ofi_rxm").family == "verbs");
   CHECK(profile_for("epmr").family.empty());
+  CHECK(profile_for("udp;ofi_rxd").family == "udp");
+  CHECK(!profile_for("udp;ofi_rxd").no_inject.empty());
+  CHECK(profile_for("tcp;ofi_rxm").no_inject.empty());
+  CHECK(profile_for("sockets").peer_gone_errors.size() == 1);
+  CHECK(profile_for("shm").peer_gone_errors.size() == 1);
 }
 
 // The README's main command names no provider: libfabric picks one, so every family's

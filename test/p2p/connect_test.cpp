@@ -1,4 +1,7 @@
 // Connection setup and bad input through the p2p API.
+#include <chrono>
+#include <iterator>
+#include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -278,6 +281,125 @@ TEST_CASE("p2p bad data-path input gives clear errors and the process and other 
   } else {
     CHECK(posted == Status::kPeerError);
   }
+}
+
+namespace {
+
+// Bad messages between two processes: sizes and tags the receiver's buffer refuses, and buffers
+// larger than their message. Each side must reach its verdict from what crossed the wire, at
+// once: a refusal that needs LOOM_PEER_TIMEOUT_MS (long here) to surface means one side waited
+// for something the other never sent. A side whose request ended makes no loom call until the
+// other has its verdict too (a barrier after each message): what its request needed must have
+// left by then, as for an application that has nothing more to do.
+constexpr unsigned kBadInputPeerTimeoutMs = 30000;
+constexpr auto kPrompt = std::chrono::seconds(8);
+
+struct BadInput {
+  std::size_t message;
+  std::size_t buffer;
+  Tag send_tag;
+  Status expect;
+  const char* error;  // in both sides' last_error() when the message is refused
+};
+
+constexpr BadInput kBadInputs[] = {
+    {3000, 1000, 1, Status::kTruncated, "larger than"},      // eager-sized into an eager buffer
+    {600000, 1000, 1, Status::kTruncated, "larger than"},    // rendezvous-sized into one
+    {600000, 300000, 1, Status::kTruncated, "larger than"},  // into a buffer written to
+    {100, 8192, 6, Status::kInvalid, "tag"},                 // eager, wrong tag
+    {40000, 65536, 6, Status::kInvalid, "tag"},              // rendezvous, wrong tag
+    {0, 32768, 6, Status::kInvalid, "tag"},                  // empty, wrong tag
+    {100, 8192, 1, Status::kOk, ""},                         // buffers larger than the message
+    {40000, 65536, 1, Status::kOk, ""},
+    {0, 32768, 1, Status::kOk, ""},
+    {300000, 300000, 1, Status::kOk, ""},  // and the pair goes on
+};
+constexpr Tag kBufferTag = 1;
+
+Config bad_input_config() {
+  Config config = test_config(1);
+  config.peer_timeout_ms = kBadInputPeerTimeoutMs;
+  return config;
+}
+
+// Waits for `request`; requires `c.expect` within kPrompt and, when refused, `c.error` in the
+// error text. Returns the delivered size.
+std::size_t expect_verdict(Communicator& comm, Request* request, const BadInput& c,
+                           const std::string& what) {
+  const auto start = std::chrono::steady_clock::now();
+  bool done = false;
+  Status status = Status::kOk;
+  std::size_t size = 0;
+  poll_until([&] { return done; },
+             [&] {
+               status = comm.test(request, done, {&size, 1});
+             },
+             what, 40s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  require(status == c.expect, what + ": " + std::string(to_string(status)) + ", expected " +
+                                  std::string(to_string(c.expect)) + ": " + comm.last_error());
+  require(c.expect == Status::kOk || comm.last_error().find(c.error) != std::string::npos,
+          what + ": the error does not say why: " + comm.last_error());
+  require(took < kPrompt, what + ": the verdict took until the peer timeout");
+  return size;
+}
+
+std::string describe(const BadInput& c) {
+  return std::to_string(c.message) + " B with tag " + std::to_string(c.send_tag) +
+         " into a buffer of " + std::to_string(c.buffer) + " B with tag " +
+         std::to_string(kBufferTag);
+}
+
+void bad_input_receiver(Channel& channel) {
+  Context context(bad_input_config());
+  Listener listener = context.listen();
+  send_handle(channel, listener.handle());
+  std::unique_ptr<RecvComm> in = accept_one(listener);
+  std::vector<std::byte> buffer(300000);
+  MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
+  for (std::size_t i = 0; i < std::size(kBadInputs); ++i) {
+    const BadInput& c = kBadInputs[i];
+    fill_pattern(buffer, 1000 + i);
+    RecvBuffer target{buffer.data(), c.buffer, kBufferTag, region};
+    Request* receive = nullptr;
+    require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+    const std::size_t size = expect_verdict(*in, receive, c, "receive of " + describe(c));
+    channel.barrier();
+    if (c.expect != Status::kOk) continue;
+    require(size == c.message, describe(c) + ": delivered " + std::to_string(size) + " B");
+    const std::string wrong = check_pattern({buffer.data(), c.message}, i);
+    require(wrong.empty(), describe(c) + ": " + wrong);
+    // Nothing past the message changed.
+    for (std::size_t k = c.message; k < c.buffer; ++k) {
+      require(buffer[k] == pattern_byte(1000 + i, k),
+              describe(c) + ": byte " + std::to_string(k) + " past the message was written");
+    }
+  }
+}
+
+void bad_input_sender(Channel& channel) {
+  Context context(bad_input_config());
+  std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
+  std::vector<std::byte> buffer(600000);
+  MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
+  for (std::size_t i = 0; i < std::size(kBadInputs); ++i) {
+    const BadInput& c = kBadInputs[i];
+    fill_pattern(buffer, i);
+    Request* send = nullptr;
+    require(out->isend(buffer.data(), c.message, c.send_tag, region, send) == Status::kOk,
+            out->last_error());
+    expect_verdict(*out, send, c, "send of " + describe(c));
+    channel.barrier();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("p2p bad input between two processes fails at once on both sides, and the pair goes on",
+          "[bad-input]") {
+  auto failure = run_pair(bad_input_receiver, bad_input_sender);
+  INFO(failure);
+  REQUIRE(failure.empty());
 }
 
 }  // namespace loom::test

@@ -67,6 +67,11 @@ bool Channel::readable() const {
   return ::poll(&pfd, 1, 0) > 0;
 }
 
+bool Channel::peer_closed() const {
+  char byte = 0;
+  return ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 void Channel::barrier() {
   send_value<std::uint32_t>(0xB4B4B4B4);
   require(recv_value<std::uint32_t>() == 0xB4B4B4B4, "channel: barrier out of step");

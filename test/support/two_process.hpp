@@ -45,8 +45,11 @@ class Channel {
     std::memcpy(&value, bytes.data(), sizeof value);
     return value;
   }
-  // True when a message is waiting (never blocks).
+  // True when a message is waiting, or the peer closed its end (never blocks).
   [[nodiscard]] bool readable() const;
+  // True once the peer closed its end (it exited or was killed) and every message it sent
+  // before was read (never blocks).
+  [[nodiscard]] bool peer_closed() const;
   // Both sides call it; returns when both have reached it.
   void barrier();
 
