@@ -181,6 +181,14 @@ constexpr Row kTable[] = {
    Number<&Config::peer_timeout_ms, 1, 3600000>::check},
   {{"LOOM_FORCE_FLUSH", "0", "run iflush's read even for host memory (tests the GPU path)"},
    Flag<&Config::force_flush>::set, Flag<&Config::force_flush>::check},
+  {{"LOOM_GPU_FLUSH", "1", "iflush of a receive into GPU memory reads a few bytes of it back "
+    "through each data rail, so the NIC's earlier writes are visible to the GPU (GPUDirect RDMA); "
+    "0 = skip it where the platform makes them visible at completion"},
+   Flag<&Config::gpu_flush>::set, Flag<&Config::gpu_flush>::check},
+  {{"LOOM_CUDA_DMABUF", "1", "register CUDA memory through a dmabuf (cuMemGetHandleForAddressRange, "
+    "FI_MR_DMABUF) where libfabric >= 1.20, the driver and the GPU support it; 0 = always by "
+    "address with FI_HMEM_CUDA"},
+   Flag<&Config::cuda_dmabuf>::set, Flag<&Config::cuda_dmabuf>::check},
   {{"LOOM_TOPOLOGY_XML", "", "hwloc XML topology to use instead of this machine's"},
    Text<&Config::topology_xml>::set, Text<&Config::topology_xml>::check},
   {{"LOOM_GPU", "", "PCI bus id of the GPU this process drives (0000:13:00.0): NICs closest to "
