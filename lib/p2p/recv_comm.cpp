@@ -53,6 +53,7 @@ Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& reque
   std::lock_guard lock(lane_->mutex());
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "iflush on a closed communicator");
+  // The read must come from device memory: one from a host buffer orders nothing on the GPU.
   const RecvBuffer* target = nullptr;
   const ofi::MemoryRegistration* registration = nullptr;
   bool device = false;
@@ -60,14 +61,20 @@ Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& reque
     if (buffer.size == 0) continue;
     const auto* found = lookup(buffer.region, buffer.data, buffer.size);
     if (found == nullptr) return Status::kInvalid;
-    device |= found->type() != MemoryType::kHost;
-    if (target == nullptr) {
+    const bool on_device = found->type() != MemoryType::kHost;
+    if (target == nullptr || (on_device && !device)) {
       target = &buffer;
       registration = found;
     }
+    device |= on_device;
   }
   // Host memory is coherent with the NIC's writes: nothing to flush unless a test forces it.
-  if (target == nullptr || (!device && !core_->config().force_flush)) return Status::kOk;
+  // Device memory is flushed unless LOOM_GPU_FLUSH=0 says the platform makes the NIC's writes
+  // visible to the GPU at completion.
+  const Config& config = core_->config();
+  if (target == nullptr || !(config.force_flush || (device && config.gpu_flush))) {
+    return Status::kOk;
+  }
   Request* r = allocate(RequestKind::kFlush);
   if (r == nullptr) return reject(Status::kRetry, "iflush: too many requests in flight");
   r->part_count = 1;
@@ -75,26 +82,52 @@ Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& reque
                      .size = target->size,
                      .tag = target->tag,
                      .registration = registration};
+  // A read orders only the writes that came through its own NIC before it, and a message may
+  // have come through any data rail (eager: one; rendezvous: striped): one read per data rail.
+  // A flush's "stripes" are those reads.
+  r->stripes = static_cast<std::uint8_t>(data_rails_);
   advance(*r);
   request = r;
   return Status::kOk;
 }
 
+// Posts the flush's reads, rail by rail, in waves of kMaxOps (a request's operation contexts):
+// the next wave waits until the contexts of the last one are all back.
+void RecvCommImpl::post_flush_reads(Request& r) {
+  Part& part = r.parts[0];
+  while (r.stripes_posted < r.stripes) {
+    const std::size_t slot = r.stripes_posted % kMaxOps;
+    if (slot == 0 && r.ops_outstanding != 0) return;
+    ofi::Rail& rail = lane_->rails().data(r.stripes_posted);
+    const Status status = rail.flush(*part.registration, part.data, part.size, &r.ops[slot]);
+    if (status == Status::kRetry) {
+      queue_retry(r);
+      return;
+    }
+    if (status != Status::kOk) {
+      r.fail(Status::kError, "iflush: " + rail.last_error());
+      r.stripes = r.stripes_posted;  // no further reads; done once those posted are back
+      break;
+    }
+    ++r.stripes_posted;
+    ++r.ops_outstanding;
+  }
+  part.done = r.stripes_done == r.stripes;
+}
+
+void RecvCommImpl::on_flush_read(Request& r, const ofi::Completion& completion) {
+  --r.ops_outstanding;
+  ++r.stripes_done;
+  if (completion.status != Status::kOk) {
+    r.fail(Status::kError, "iflush: " + std::string(completion.error_text));
+    r.stripes = r.stripes_posted;
+  }
+  if (r.ops_outstanding == 0) post_flush_reads(r);
+}
+
 void RecvCommImpl::advance(Request& r) {
   if (r.kind == RequestKind::kFlush) {
-    Part& part = r.parts[0];
-    if (part.recv_posted) return;
-    ofi::Rail& rail = lane_->rails().data(0);
-    const Status status = rail.flush(*part.registration, part.data, part.size, &r.ops[0]);
-    if (status == Status::kOk) {
-      part.recv_posted = part.recv_outstanding = true;
-      ++r.ops_outstanding;
-    } else if (status == Status::kRetry) {
-      queue_retry(r);
-    } else {
-      r.fail(Status::kError, "iflush: " + rail.last_error());
-      part.done = true;
-    }
+    post_flush_reads(r);
     return;
   }
   post_in_order();
@@ -296,17 +329,14 @@ void RecvCommImpl::finish_rendezvous(Part& part) {
 }
 
 void RecvCommImpl::on_op(Request& r, std::size_t i, const ofi::Completion& completion) {
+  if (r.kind == RequestKind::kFlush) {
+    on_flush_read(r, completion);
+    return;
+  }
   Part& part = r.parts[i];
   --r.ops_outstanding;
   part.recv_outstanding = false;
-  if (r.kind != RequestKind::kFlush) lane_->receive_finished(part.seq % data_rails_);
-  if (r.kind == RequestKind::kFlush) {
-    if (completion.status != Status::kOk) {
-      r.fail(Status::kError, "iflush: " + std::string(completion.error_text));
-    }
-    part.done = true;
-    return;
-  }
+  lane_->receive_finished(part.seq % data_rails_);
   switch (completion.status) {
     case Status::kOk:
       if (!completion.has_data || completion.data != part.tag) {

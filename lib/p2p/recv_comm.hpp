@@ -53,6 +53,9 @@ class RecvCommImpl final : public Comm {
   // The part waiting for `seq` (compared on `mask` bits), or nullptr if none is.
   Part* waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner, std::size_t* index);
   void finish_rendezvous(Part& part);
+  // iflush: one read per data rail (see iflush), and the completion of one.
+  void post_flush_reads(Request& request);
+  void on_flush_read(Request& request, const ofi::Completion& completion);
 
   std::uint32_t next_seq_ = 0;
   std::uint32_t post_next_ = 0;     // the lowest sequence whose receive may still need posting
