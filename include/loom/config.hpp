@@ -28,6 +28,7 @@ struct Config {
   unsigned connect_timeout_ms = 30000;  // LOOM_CONNECT_TIMEOUT_MS
   unsigned peer_timeout_ms = 10000;     // LOOM_PEER_TIMEOUT_MS
   bool force_flush = false;             // LOOM_FORCE_FLUSH
+  bool device_memory = true;            // LOOM_DEVICE_MEMORY
   bool gpu_flush = true;                // LOOM_GPU_FLUSH
   bool cuda_dmabuf = true;              // LOOM_CUDA_DMABUF
   std::string topology_xml;             // LOOM_TOPOLOGY_XML

@@ -222,8 +222,8 @@ std::string device_memory_refusal(const fi_info* all, std::string_view provider,
   const std::string where = std::string(provider) + " on " + std::string(domain);
   if (!hmem) {
     return where + (listed ? " offers no FI_HMEM" : " is not listed with FI_HMEM") +
-           " (its libfabric " + version_text(fi_version()) +
-           " lacks device-memory support for it; build libfabric --with-cuda)";
+           ": the provider has no device-memory support in libfabric " +
+           version_text(fi_version()) + ", or libfabric was built without --with-cuda";
   }
   if (int extra = mr_modes & ~(kMrModes | FI_MR_HMEM | kLegacyMrModes); extra != 0) {
     return where + " offers FI_HMEM only with MR mode bits loom does not handle: " +
@@ -287,7 +287,8 @@ std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
   // entry and says why.
   InfoPtr hmem_owner;
   long hmem_rc = -FI_ENODATA;
-  if (LOOM_HAVE_CUDA) {
+  const bool device_memory = LOOM_HAVE_CUDA && config.device_memory;
+  if (device_memory) {
     InfoPtr hmem_hints = make_hints(config, true);
     std::free(hmem_hints->fabric_attr->prov_name);
     hmem_hints->fabric_attr->prov_name = strdup(provider.c_str());
@@ -302,6 +303,8 @@ std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
     const fi_info* hmem = hmem_entry_for(*c, hmem_owner.get(), config);
     if (!LOOM_HAVE_CUDA) {
       options.device_memory_note = "loom was built without CUDA (meson setup -Dcuda=enabled)";
+    } else if (!config.device_memory) {
+      options.device_memory_note = "LOOM_DEVICE_MEMORY=0";
     } else if (hmem == nullptr) {
       if (!everything) everything = list_everything();
       options.device_memory_note =

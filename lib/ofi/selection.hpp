@@ -17,9 +17,9 @@ namespace loom::ofi {
 // lists them. When nothing matches, throws loom::Error listing every provider libfabric knows
 // and why each was refused.
 //
-// Device memory: in a build with CUDA, the chosen provider is asked again with FI_HMEM and
-// FI_MR_HMEM; a NIC it grants them on is opened from that entry, any other with its host-only
-// entry and a logged reason (NicAttributes::device_memory_note).
+// Device memory: in a build with CUDA (and LOOM_DEVICE_MEMORY=1), the chosen provider is asked
+// again with FI_HMEM and FI_MR_HMEM; a NIC it grants them on is opened from that entry, any
+// other with its host-only entry and a logged reason (NicAttributes::device_memory_note).
 [[nodiscard]] std::vector<std::unique_ptr<Nic>> open_nics(const Config& config);
 
 // ---- the pieces of the selection, for tests.

@@ -181,6 +181,10 @@ constexpr Row kTable[] = {
    Number<&Config::peer_timeout_ms, 1, 3600000>::check},
   {{"LOOM_FORCE_FLUSH", "0", "run iflush's read even for host memory (tests the GPU path)"},
    Flag<&Config::force_flush>::set, Flag<&Config::force_flush>::check},
+  {{"LOOM_DEVICE_MEMORY", "1", "in a build with CUDA, ask the provider for FI_HMEM so that CUDA "
+    "memory can be registered; 0 = host memory only (shm with FI_HMEM drops its fast paths for "
+    "host memory too)"},
+   Flag<&Config::device_memory>::set, Flag<&Config::device_memory>::check},
   {{"LOOM_GPU_FLUSH", "1", "iflush of a receive into GPU memory reads a few bytes of it back "
     "through each data rail, so the NIC's earlier writes are visible to the GPU (GPUDirect RDMA); "
     "0 = skip it where the platform makes them visible at completion"},

@@ -216,6 +216,13 @@ TEST_CASE("device memory: each NIC says whether it takes device memory, and why 
     CHECK(nic.device_memory != !nic.device_memory_note.empty());
   }
   CHECK(nic.api_version == ofi::api_version());
+  Config host_only = Config::from_env();
+  host_only.device_memory = false;  // LOOM_DEVICE_MEMORY=0: never asked for FI_HMEM
+  for (const auto& opened : ofi::open_nics(host_only)) {
+    CHECK_FALSE(opened->attributes().device_memory);
+    CHECK_THAT(opened->attributes().device_memory_note,
+               Catch::Contains(LOOM_HAVE_CUDA ? "LOOM_DEVICE_MEMORY=0" : "-Dcuda=enabled"));
+  }
   std::vector<std::byte> buffer(4096);
   // Host memory where no driver is loaded: registered as before.
   ofi::MemoryRegistration host(fabric.rails->rails(), buffer.data(), buffer.size());

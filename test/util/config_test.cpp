@@ -30,6 +30,7 @@ TEST_CASE("config: the table's defaults are Config's defaults", "[util]") {
   CHECK(parsed.connect_timeout_ms == plain.connect_timeout_ms);
   CHECK(parsed.peer_timeout_ms == plain.peer_timeout_ms);
   CHECK(parsed.force_flush == plain.force_flush);
+  CHECK(parsed.device_memory == plain.device_memory);
   CHECK(parsed.gpu_flush == plain.gpu_flush);
   CHECK(parsed.cuda_dmabuf == plain.cuda_dmabuf);
   CHECK(parsed.loopback_only == plain.loopback_only);
