@@ -37,6 +37,7 @@ if [ "${CUDA_BUILD:-1}" = 0 ] || [ $# -gt 0 ]; then
 elif [ ! -f "$cuda/include/cuda.h" ]; then
   echo "test.sh: no CUDA toolkit in $cuda (no include/cuda.h): the -Dcuda=enabled build is skipped"
 else
+  cuda_start=$SECONDS
   cuda_build=${CUDA_BUILD_DIR:-$build-cuda}
   cuda_options=(-Dcuda=enabled -Dcudatoolkit="$cuda" -Dtests=enabled -Dbuildtype=debug
                 -Dbench=disabled -Dfuzz=disabled -Depmr=disabled)
@@ -53,6 +54,7 @@ else
   } 2>&1 | tee -a "$log"
   cuda_status=${PIPESTATUS[0]}
   set -e
+  echo "test.sh: the -Dcuda=enabled variant took $((SECONDS - cuda_start)) s"
   [ "$cuda_status" -eq 0 ] || status=$cuda_status
 fi
 
