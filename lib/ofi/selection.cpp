@@ -150,8 +150,8 @@ InfoPtr list_everything() {
               detail);
 }
 
-// The FI_HMEM entry of `provider` for the NIC `chosen` came from: same domain and address
-// format, allowed by the configuration. nullptr when the provider gave none.
+// The entry of the FI_HMEM answer for the NIC `chosen` describes (same provider, domain and
+// address format, allowed by the configuration); nullptr when the provider gave none.
 const fi_info* hmem_entry_for(const fi_info& chosen, const fi_info* hmem_list,
                               const Config& config) {
   for (const fi_info* i = hmem_list; i != nullptr; i = i->next) {

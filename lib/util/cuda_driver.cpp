@@ -2,6 +2,7 @@
 // functions, by the names libcuda.so.1 exports (cuda.h maps cuMemAlloc to cuMemAlloc_v2, ...).
 #include "util/cuda_driver.hpp"
 
+#include <cstdio>
 #include <mutex>
 #include <vector>
 
