@@ -87,6 +87,9 @@ TEST_CASE("p2p iflush of host memory posts nothing unless forced", "[local]") {
   Listener listener = context.listen();
   Connector connector = context.connect(listener.handle());
   CommPair pair = connect_both(connector, listener, "connect to self");
+  // One message first: on shm (libfabric 1.17) a self-connected pair that never exchanged
+  // anything crashes in fi_cq_read while closing, with or without this test's calls.
+  exchange(*pair.out, *pair.in, 7, 7, 4096);
   std::vector<std::byte> buffer(4096);
   MemoryRegion region = pair.in->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), buffer.size(), 1, region};
