@@ -4,7 +4,7 @@
 # (tcp;ofi_rxm, shm, epmr). Extra arguments go to `meson test` (e.g. a test name, --suite ofi).
 # Then, where the CUDA toolkit is installed (/usr/local/cuda, or CUDA_HOME), the -Dcuda=enabled
 # variant: no sanitizer, only the layers whose code differs with CUDA (util, ofi) and their
-# tests, which need no GPU (about a minute and a half on 2 cores); CUDA_BUILD=0 skips it, and
+# tests, which need no GPU (40-55 s from scratch on 2 cores); CUDA_BUILD=0 skips it, and
 # so do extra arguments. Ends with one line "N passed, N failed, N skipped" over both;
 # exits non-zero on any failure.
 set -euo pipefail
