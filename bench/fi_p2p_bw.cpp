@@ -32,6 +32,7 @@ void pin_to(const std::vector<int>& cores, std::size_t which) {
 }
 
 int run(const Options& options, loom::bench::Oob& oob) {
+  options.memory.check();  // before any fabric setup: a missing GPU is the error to report
   loom::bench::Session session(options, oob);
   const auto setup = session.connect_all();
   loom::bench::Report report(options, session.context());

@@ -111,6 +111,9 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   std::string pin;
   app.add_option("--pin-core", pin,
                  "cores to pin to, e.g. 0,1 (with --loopback: the server's, then the client's)");
+  std::string device = "host";
+  app.add_option("--device", device,
+                 "message buffers in host memory or on a GPU: host, cuda or cuda:N (default host)");
   app.add_flag("--print-config", print_config,
                "print every LOOM_* variable as README's table and exit");
   try {
@@ -141,6 +144,7 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     throw std::invalid_argument("--loopback runs both sides: give no server address");
   }
   o.pingpong = !no_pingpong;
+  o.memory = MemoryChoice::parse(device);
   for (auto part : split(pin)) {
     if (part.empty()) continue;
     const std::size_t core = parse_size(part);

@@ -8,6 +8,8 @@
 #include <string_view>
 #include <vector>
 
+#include "memory.hpp"
+
 namespace loom::bench {
 
 struct Options {
@@ -30,6 +32,7 @@ struct Options {
   unsigned timeout_s = 30;         // --timeout: bootstrap and connect
   bool pingpong = true;            // --no-pingpong disables the latency pass
   std::vector<int> pin_cores;      // --pin-core LIST (with --loopback: server, then client)
+  MemoryChoice memory;             // --device host|cuda[:N]
 
   [[nodiscard]] bool is_client() const { return !server.empty(); }
 };

@@ -61,9 +61,14 @@ void Report::header() const {
   std::printf("# fi_p2p_bw (loom) provider %s, %zu NIC(s):", nics.front().provider.c_str(),
               nics.size());
   for (const auto& nic : nics) {
-    std::printf(" %s/%s%s", nic.fabric.c_str(), nic.name.c_str(),
-                nic.endpoint_mr ? " [FI_MR_ENDPOINT]" : "");
+    std::printf(" %s/%s%s%s", nic.fabric.c_str(), nic.name.c_str(),
+                nic.endpoint_mr ? " [FI_MR_ENDPOINT]" : "", nic.device_memory ? " [FI_HMEM]" : "");
   }
+  // Which memory the messages use, and whether the NICs can take device memory (why not).
+  const auto& first = nics.front();
+  std::printf("\n# memory: %s; device memory: %s", options_.memory.describe().c_str(),
+              first.device_memory ? "supported (FI_HMEM)"
+                                  : ("not supported: " + first.device_memory_note).c_str());
   std::printf(
       "\n# data rails %u, control rails %u, comms %u, groups %u%s, eager limit %s, "
       "min stripe %s, window %zu%s%s\n",
@@ -139,7 +144,9 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
                     {"provider", nic.provider},
                     {"fabric", nic.fabric},
                     {"address", nic.address},
-                    {"endpoint_mr", nic.endpoint_mr}});
+                    {"endpoint_mr", nic.endpoint_mr},
+                    {"device_memory", nic.device_memory},
+                    {"device_memory_note", nic.device_memory_note}});
   }
   json env = json::object();
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
@@ -173,6 +180,7 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
                    {"config",
                     {{"provider", context_.nics().front().provider},
                      {"nics", nics},
+                     {"memory", options_.memory.describe()},
                      {"data_rails", c.data_rails},
                      {"control_rails", c.ctrl_rails},
                      {"comms", options_.comms},

@@ -7,7 +7,6 @@
 #include <optional>
 #include <stdexcept>
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 namespace loom::bench {
@@ -40,7 +39,11 @@ Config make_config(const Options& options) {
 }  // namespace
 
 Session::Session(const Options& options, Oob& oob)
-    : options_(options), oob_(oob), context_(std::make_unique<Context>(make_config(options))) {}
+    : options_(options),
+      oob_(oob),
+      context_(std::make_unique<Context>(make_config(options))),
+      send_buffer_(options.memory),
+      recv_buffer_(options.memory) {}
 
 Session::~Session() = default;
 
@@ -107,24 +110,16 @@ void Session::prepare_buffers(std::size_t size) {
   slots_ = options_.verify ? windows_posted() * options_.window : 1;
   send_buffer_.assign(slots_ * slot, std::byte{0x5A});
   recv_buffer_.assign(slots_ * slot, std::byte{0});
+  staging_.resize(options_.verify && send_buffer_.on_device() ? slot : 0);
   for (auto& comm : send_) {
-    send_regions_.push_back(comm->register_memory(send_buffer_.data(), send_buffer_.size()));
+    send_regions_.push_back(comm->register_memory(send_buffer_.data(), send_buffer_.size(),
+                                                  send_buffer_.type(), send_buffer_.device()));
   }
   for (auto& comm : recv_) {
-    recv_regions_.push_back(comm->register_memory(recv_buffer_.data(), recv_buffer_.size()));
+    recv_regions_.push_back(comm->register_memory(recv_buffer_.data(), recv_buffer_.size(),
+                                                  recv_buffer_.type(), recv_buffer_.device()));
   }
   prepared_size_ = size;
-}
-
-void HugePageBuffer::assign(std::size_t size, std::byte fill) {
-  const std::size_t rounded =
-      (std::max<std::size_t>(size, 1) + kHugePage - 1) / kHugePage * kHugePage;
-  data_.reset(static_cast<std::byte*>(std::aligned_alloc(kHugePage, rounded)));
-  if (!data_) throw std::bad_alloc();
-  // Only a hint: without transparent huge pages in the kernel the buffer keeps small pages.
-  madvise(data_.get(), rounded, MADV_HUGEPAGE);
-  std::memset(data_.get(), static_cast<int>(fill), rounded);
-  size_ = size;
 }
 
 // Each communicator is tested once per pass while its oldest pending request is not done:
@@ -163,18 +158,15 @@ void Session::wait_all(std::vector<Pending>& pending) {
       p.request = nullptr;
       --left;
       progressed = true;
-      if (options_.verify && p.data != nullptr) {
+      if (p.data == nullptr) continue;  // a send, or the window ack
+      if (recv_buffer_.on_device()) flush(p);
+      if (options_.verify) {
         if (delivered != p.size) {
           throw std::runtime_error("verify: message " + std::to_string(p.index) + " delivered " +
                                    std::to_string(delivered) + " of " + std::to_string(p.size) +
                                    " bytes");
         }
-        for (std::size_t i = 0; i < p.size; ++i) {
-          if (p.data[i] != pattern(p.index, i)) {
-            throw std::runtime_error("verify: message " + std::to_string(p.index) + " byte " +
-                                     std::to_string(i) + " is wrong");
-          }
-        }
+        verify(p);
       }
     }
   }
@@ -186,7 +178,10 @@ void Session::post_sends(std::size_t first, std::size_t count, std::size_t size,
   for (std::size_t k = first; k < first + count; ++k) {
     const std::size_t comm = k % send_.size();
     std::byte* data = send_buffer_.data() + (k % slots_) * std::max<std::size_t>(size, 1);
-    if (options_.verify) {
+    if (options_.verify && send_buffer_.on_device()) {
+      for (std::size_t i = 0; i < size; ++i) staging_[i] = pattern(k, i);
+      send_buffer_.write(data, staging_.data(), size);
+    } else if (options_.verify) {
       for (std::size_t i = 0; i < size; ++i) data[i] = pattern(k, i);
     }
     Request* request = nullptr;
@@ -210,6 +205,38 @@ void Session::post_receives(std::size_t first, std::size_t count, std::size_t si
       throw std::runtime_error("irecv: " + recv_[comm]->last_error());
     }
     pending.push_back({recv_[comm].get(), request, k, data, size, send_.size() + comm});
+  }
+}
+
+void Session::flush(const Pending& received) {
+  const std::size_t comm = received.comm_slot - send_.size();
+  RecvBuffer buffer{received.data, received.size, static_cast<Tag>(received.index),
+                    recv_regions_[comm]};
+  Request* request = nullptr;
+  if (recv_[comm]->iflush({&buffer, 1}, request) != Status::kOk) {
+    throw std::runtime_error("iflush: " + recv_[comm]->last_error());
+  }
+  if (request == nullptr) return;  // LOOM_GPU_FLUSH=0
+  const Status status = recv_[comm]->wait(request, {}, std::chrono::seconds(options_.timeout_s));
+  if (status != Status::kOk) {
+    throw std::runtime_error("iflush of message " + std::to_string(received.index) + ": " +
+                             std::string(to_string(status)) + ": " + recv_[comm]->last_error());
+  }
+}
+
+// Device memory is read back to the host through the driver first.
+void Session::verify(const Pending& received) {
+  const std::byte* bytes = received.data;
+  if (recv_buffer_.on_device()) {
+    staging_.resize(std::max(staging_.size(), received.size));
+    recv_buffer_.read(received.data, staging_.data(), received.size);
+    bytes = staging_.data();
+  }
+  for (std::size_t i = 0; i < received.size; ++i) {
+    if (bytes[i] != pattern(received.index, i)) {
+      throw std::runtime_error("verify: message " + std::to_string(received.index) + " byte " +
+                               std::to_string(i) + " is wrong");
+    }
   }
 }
 

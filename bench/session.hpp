@@ -9,31 +9,11 @@
 #include <vector>
 
 #include "loom/p2p.hpp"
+#include "memory.hpp"
 #include "oob.hpp"
 #include "options.hpp"
 
 namespace loom::bench {
-
-// Message buffers are aligned to 2 MiB, sized in 2 MiB steps and advised MADV_HUGEPAGE, so
-// that transparent huge pages back them as they back large malloc'd buffers, fabtests' among
-// them (64 messages' worth each way): with 4 KiB pages shm's process_vm_readv spends much of
-// its time walking and pinning page tables, and the comparison with fabtests measures that
-// (README, Performance).
-class HugePageBuffer {
- public:
-  static constexpr std::size_t kHugePage = std::size_t{2} << 20;
-
-  void assign(std::size_t size, std::byte fill);
-  [[nodiscard]] std::byte* data() const noexcept { return data_.get(); }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-
- private:
-  struct Free {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
-  };
-  std::unique_ptr<std::byte[], Free> data_;
-  std::size_t size_ = 0;
-};
 
 struct Figures {
   std::size_t size = 0;
@@ -96,14 +76,18 @@ class Session {
                   std::vector<Pending>& pending);
   void post_receives(std::size_t first, std::size_t count, std::size_t size,
                      std::vector<Pending>& pending);
+  // A receive into device memory done: iflush it (as NCCL does before the GPU reads it).
+  void flush(const Pending& received);
+  void verify(const Pending& received);
 
   const Options& options_;
   Oob& oob_;
   std::unique_ptr<Context> context_;
   // Declared before the communicators so that they outlive them: a communicator closed on an
   // error can still have a receive or a peer's write landing in them until it is gone.
-  HugePageBuffer send_buffer_;
-  HugePageBuffer recv_buffer_;
+  MessageBuffer send_buffer_;
+  MessageBuffer recv_buffer_;
+  std::vector<std::byte> staging_;  // a message's bytes on the host, for device buffers
   std::array<std::byte, 4> ack_{};
   std::vector<std::unique_ptr<SendComm>> send_;
   std::vector<std::unique_ptr<RecvComm>> recv_;

@@ -43,6 +43,14 @@ done
 while IFS= read -r hit; do violation "$hit touches the environment outside lib/util"; done \
   < <(grep -rnE '\b(getenv|secure_getenv|setenv|unsetenv|putenv|environ)\b' lib providers include \
         --include='*.cpp' --include='*.hpp' --exclude-dir=util | cut -d: -f1,2)
+# The CUDA driver API only through lib/util's table, which dlopens libcuda.so.1: cuda.h in no
+# other file, and no link against libcuda or the CUDA runtime.
+while IFS= read -r hit; do violation "$hit includes a CUDA header outside lib/util/cuda_driver.cpp"; done \
+  < <(grep -rnE '#include [<"](cuda|cuda_runtime|cuda_runtime_api)\.h[>"]' lib include bench providers \
+        --include='*.cpp' --include='*.hpp' | grep -v '^lib/util/cuda_driver.cpp:' | cut -d: -f1,2)
+while IFS= read -r hit; do violation "$hit links CUDA (the driver is dlopen'd)"; done \
+  < <(grep -rnE "find_library\('(cuda|cudart)'|-lcuda" meson.build lib bench --include='meson.build' \
+        | cut -d: -f1,2)
 
 # Raw new/delete and goto in the library. (providers/epmr is exempt: libfabric owns its objects'
 # lifetime through fi_close, so they end with `delete this`.)

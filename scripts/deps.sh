@@ -12,6 +12,14 @@ packages=(
   "$@"
 )
 
+# The -Dcuda=enabled build needs only the CUDA toolkit's headers, which no Debian package
+# provides in the same place: CI machines have the toolkit in /usr/local/cuda already.
+cuda=${CUDA_HOME:-/usr/local/cuda}
+if [ ! -f "$cuda/include/cuda.h" ]; then
+  echo "deps: no CUDA toolkit in $cuda (include/cuda.h): the -Dcuda=enabled build is skipped;" \
+    "install NVIDIA's toolkit there (or set CUDA_HOME) to build it" >&2
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Prints the one line CI looks for, "N passed, N failed, N skipped", from a `meson test` log.
+# Prints the one line CI looks for, "N passed, N failed, N skipped", from a `meson test` log
+# (summed over every `meson test` summary in it: scripts/test.sh runs two builds' suites).
+# A test that exits 77 is "Skipped" to meson (GPU tests without a GPU, root-only tests).
 # Usage: scripts/summary.sh LOG EXIT-STATUS-OF-MESON-TEST
 set -euo pipefail
 log=$1
 status=$2
-count() { awk -v key="$1" '$1 == key ":" { print $2 }' "$log" | tail -n 1; }
+count() { awk -v key="$1" '$1 == key ":" { n += $2; seen = 1 } END { if (seen) print n }' "$log"; }
 ok=$(count Ok); fail=$(count Fail); skipped=$(count Skipped); timeout=$(count Timeout)
 # "Expected Fail:" and "Unexpected Pass:" have two words before the colon.
-xfail=$(awk '/^Expected Fail:/ { print $3 }' "$log" | tail -n 1)
-upass=$(awk '/^Unexpected Pass:/ { print $3 }' "$log" | tail -n 1)
+xfail=$(awk '/^Expected Fail:/ { n += $3 } END { print n + 0 }' "$log")
+upass=$(awk '/^Unexpected Pass:/ { n += $3 } END { print n + 0 }' "$log")
 passed=$(( ${ok:-0} + ${xfail:-0} ))
 failed=$(( ${fail:-0} + ${upass:-0} + ${timeout:-0} ))
 if [ -z "${ok:-}" ] && [ "$status" -ne 0 ]; then failed=$(( failed > 0 ? failed : 1 )); fi

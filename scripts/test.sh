@@ -2,7 +2,11 @@
 # loom's test command: installs what is missing (Debian 12), builds with clang under
 # AddressSanitizer + UndefinedBehaviorSanitizer, and runs the whole suite on every local provider
 # (tcp;ofi_rxm, shm, epmr). Extra arguments go to `meson test` (e.g. a test name, --suite ofi).
-# Ends with one line "N passed, N failed[, N skipped]"; exits non-zero on any failure.
+# Then, where the CUDA toolkit is installed (/usr/local/cuda, or CUDA_HOME), the -Dcuda=enabled
+# variant: no sanitizer, only the layers whose code differs with CUDA (util, ofi) and their
+# tests, which need no GPU (40-55 s from scratch on 2 cores); CUDA_BUILD=0 skips it, and
+# so do extra arguments. Ends with one line "N passed, N failed, N skipped" over both;
+# exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -22,6 +26,37 @@ set +e
 meson test -C "$build" --print-errorlogs --num-processes "$(nproc)" "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+
+# The CUDA variant. Its tests: the driver table on the toolkit's stub library, selection and
+# registration decisions, and NIC selection on tcp and shm with FI_HMEM asked for.
+cuda=${CUDA_HOME:-/usr/local/cuda}
+cuda_tests=(util-config util-cuda-driver ofi-profile ofi-device-memory ofi-local-tcp
+            ofi-local-shm ofi-rail-transfer-shm)
+if [ "${CUDA_BUILD:-1}" = 0 ] || [ $# -gt 0 ]; then
+  echo "test.sh: the -Dcuda=enabled build is skipped (CUDA_BUILD=0 or a selection of tests)"
+elif [ ! -f "$cuda/include/cuda.h" ]; then
+  echo "test.sh: no CUDA toolkit in $cuda (no include/cuda.h): the -Dcuda=enabled build is skipped"
+else
+  cuda_start=$SECONDS
+  cuda_build=${CUDA_BUILD_DIR:-$build-cuda}
+  cuda_options=(-Dcuda=enabled -Dcudatoolkit="$cuda" -Dtests=enabled -Dbuildtype=debug
+                -Dbench=disabled -Dfuzz=disabled -Depmr=disabled)
+  set +e
+  {
+    if [ -d "$cuda_build/meson-private" ]; then
+      meson configure "$cuda_build" "${cuda_options[@]}" >/dev/null
+    else
+      meson setup "$cuda_build" "${cuda_options[@]}" >/dev/null
+    fi &&
+      ninja -C "$cuda_build" test/test_util test/test_ofi &&
+      meson test -C "$cuda_build" --no-rebuild --print-errorlogs --num-processes "$(nproc)" \
+        "${cuda_tests[@]}"
+  } 2>&1 | tee -a "$log"
+  cuda_status=${PIPESTATUS[0]}
+  set -e
+  echo "test.sh: the -Dcuda=enabled variant took $((SECONDS - cuda_start)) s"
+  [ "$cuda_status" -eq 0 ] || status=$cuda_status
+fi
 
 scripts/summary.sh "$log" "$status"
 exit "$status"

@@ -24,6 +24,11 @@ expect_refusal "bad size range" 5 -S r:1k,0,4k
 expect_refusal "window out of range" 5 -W 0
 expect_refusal "loopback with a server" 5 --loopback 127.0.0.1
 expect_refusal "unreachable server" 10 --timeout 2 -E 1 127.0.0.1
+expect_refusal "unknown device" 5 --device gpu0
+# Device memory where there is no GPU (a build without CUDA says that instead).
+if ! ls /dev/nvidia0 >/dev/null 2>&1; then
+  expect_refusal "device memory without a GPU" 10 --loopback --device cuda -S 1k
+fi
 # The provider error lists every provider and why it was refused: several lines, by design.
 ONE_LINE=0 expect_refusal "unknown provider" 10 --loopback -p no-such-provider -S 1k
 exit $fails

@@ -33,6 +33,9 @@ struct Config {
   unsigned connect_timeout_ms{};   // LOOM_CONNECT_TIMEOUT_MS
   unsigned peer_timeout_ms{};      // LOOM_PEER_TIMEOUT_MS
   bool force_flush{};              // LOOM_FORCE_FLUSH
+  bool device_memory{};            // LOOM_DEVICE_MEMORY
+  bool gpu_flush{};                // LOOM_GPU_FLUSH
+  bool cuda_dmabuf{};              // LOOM_CUDA_DMABUF
   std::string topology_xml;        // LOOM_TOPOLOGY_XML
   std::string gpu;                 // LOOM_GPU
 

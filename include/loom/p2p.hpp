@@ -145,8 +145,9 @@ class RecvComm final : public Communicator {
   explicit RecvComm(std::unique_ptr<p2p::Comm> comm);
   // Posts 1..kMaxRecvBuffers buffers for the next messages, in order.
   Status irecv(std::span<const RecvBuffer> buffers, Request*& request);
-  // Makes data received into `buffers` visible to the device (GPUDirect). Sets `request` to
-  // nullptr when there is nothing to do (host memory, unless LOOM_FORCE_FLUSH is set).
+  // Makes data received into `buffers` visible to the device (GPUDirect RDMA): a small read
+  // of a device buffer through each data rail. Sets `request` to nullptr when there is nothing
+  // to do: host memory (unless LOOM_FORCE_FLUSH is set), or LOOM_GPU_FLUSH=0.
   Status iflush(std::span<const RecvBuffer> buffers, Request*& request);
 };
 
@@ -198,6 +199,10 @@ struct NicDescription {
   std::string address;
   bool endpoint_mr = false;  // registrations are per endpoint (FI_MR_ENDPOINT)
   std::string locality;      // why it is in this place: "same NUMA node", ... (several NICs)
+  // CUDA memory can be registered (a loom built with CUDA, and FI_HMEM granted); why not
+  // when it cannot.
+  bool device_memory = false;
+  std::string device_memory_note;
 };
 
 struct RailDescription {

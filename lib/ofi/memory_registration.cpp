@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <tuple>
+#include <utility>
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
@@ -10,8 +13,11 @@
 #include "loom/error.hpp"
 #include "loom_build_config.h"
 #include "ofi/error.hpp"
+#include "ofi/mr_attributes.hpp"
 #include "ofi/nic.hpp"
 #include "ofi/rail.hpp"
+#include "util/cuda_driver.hpp"
+#include "util/log.hpp"
 
 namespace loom::ofi {
 namespace {
@@ -25,28 +31,73 @@ std::string region_text(const void* base, std::size_t length) {
   return text;
 }
 
-FidPtr<fid_mr> register_on(Nic& nic, const void* base, std::size_t length, MemoryType type,
-                           int device, const std::string& where) {
-  iovec iov{const_cast<void*>(base), length};
-  fi_mr_attr attr{};
-  attr.mr_iov = &iov;
-  attr.iov_count = 1;
-  attr.access = kAccess;
-  attr.requested_key = nic.attributes().prov_key ? 0 : nic.next_requested_key();
-  attr.iface = FI_HMEM_SYSTEM;
-  if (type == MemoryType::kCuda) {
-    attr.iface = FI_HMEM_CUDA;
-    attr.device.cuda = device;
-  }
-  fid_mr* mr = nullptr;
-  if (int rc = fi_mr_regattr(nic.domain(), &attr, 0, &mr); rc != 0) {
-    throw_fi_error("register memory", "fi_mr_regattr", nic.attributes().provider, rc,
-                   region_text(base, length) + " on " + where);
-  }
-  return FidPtr<fid_mr>(mr);
-}
-
 }  // namespace
+
+// What every fid_mr of one MemoryRegistration shares: the range, its memory type, and for CUDA
+// memory the driver and the dmabuf export (made at the first NIC that takes one, closed once
+// the registration is made: the provider holds the memory from then on).
+struct MemoryRegistration::Source {
+  const void* base;
+  std::size_t length;
+  MemoryType type;
+  int device;
+  util::cuda::Driver* driver;  // null for host memory without a loaded driver
+  std::optional<util::cuda::DmabufRange> dmabuf;
+  bool dmabuf_failed = false;  // the driver would not export it: by address on every NIC
+};
+
+FidPtr<fid_mr> MemoryRegistration::register_on(Nic& nic, Source& source, const std::string& where) {
+  const NicAttributes& attributes = nic.attributes();
+  DmabufFacts facts{.linked_version = fi_version(),
+                    .enabled = attributes.cuda_dmabuf,
+                    .device = source.driver != nullptr && source.type == MemoryType::kCuda &&
+                              source.driver->dmabuf_supported(source.device),
+                    .refused = nic.dmabuf_refused()};
+  facts.compiled = facts.compiled && attributes.api_version >= kDmabufApiVersion;
+  RegistrationPath path = choose_path(source.type, facts);
+  if (path == RegistrationPath::kCudaDmabuf && !source.dmabuf && !source.dmabuf_failed) {
+    try {
+      source.dmabuf = source.driver->dmabuf_range(source.base, source.length, source.device);
+    } catch (const Error& e) {
+      util::log().info("{}; registering by address", e.what());
+      source.dmabuf_failed = true;
+    }
+  }
+  if (source.dmabuf_failed) path = RegistrationPath::kCudaAddress;
+  const std::uint64_t key = attributes.prov_key ? 0 : nic.next_requested_key();
+  MrArguments arguments;
+  const auto attempt = [&](RegistrationPath how) {
+    DmabufSource dmabuf;
+    if (how == RegistrationPath::kCudaDmabuf) {
+      dmabuf = {source.dmabuf->fd.get(), source.dmabuf->offset, source.dmabuf->start};
+    }
+    fill_mr_arguments(arguments, how, source.base, source.length, source.device, kAccess, key,
+                      &dmabuf);
+    fid_mr* mr = nullptr;
+    const int rc = fi_mr_regattr(nic.domain(), &arguments.attr, arguments.flags, &mr);
+    return std::pair{rc, FidPtr<fid_mr>(mr)};
+  };
+  auto [rc, mr] = attempt(path);
+  if (rc != 0 && path == RegistrationPath::kCudaDmabuf) {
+    util::log().info(
+        "{}: the provider refused a dmabuf registration ({}); CUDA memory goes by "
+        "address on this NIC from now on",
+        where, fi_error_text(rc));
+    nic.refuse_dmabuf();
+    path = RegistrationPath::kCudaAddress;
+    std::tie(rc, mr) = attempt(path);
+  }
+  if (rc != 0) {
+    std::string detail =
+        region_text(source.base, source.length) + " (" + to_string(path) + ") on " + where;
+    if (source.type == MemoryType::kCuda && rc == -FI_ENOSYS) {
+      detail += "; this libfabric cannot register CUDA memory (build it --with-cuda)";
+    }
+    throw_fi_error("register memory", "fi_mr_regattr", attributes.provider, rc, detail);
+  }
+  through_dmabuf_ = through_dmabuf_ || path == RegistrationPath::kCudaDmabuf;
+  return std::move(mr);
+}
 
 MemoryRegistration::MemoryRegistration(std::span<Rail* const> rails, const void* base,
                                        std::size_t length, MemoryType type, int device)
@@ -65,6 +116,8 @@ MemoryRegistration::MemoryRegistration(std::span<Rail* const> rails, const void*
     throw Error("register memory", provider, FI_EOPNOTSUPP,
                 "device memory needs a loom built with -Dcuda=enabled");
   }
+  Source source{base, length, type, device, nullptr, std::nullopt, false};
+  check_memory(rails, source, provider);
   const NicAttributes& attributes = rails.front()->nic().attributes();
   virt_addr_ = attributes.virt_addr;
   std::size_t max_index = 0;
@@ -75,7 +128,7 @@ MemoryRegistration::MemoryRegistration(std::span<Rail* const> rails, const void*
     // One registration per endpoint: register, bind to the endpoint, enable. Only then does the
     // provider give a key (FI_MR_PROV_KEY) and accept the descriptor on that endpoint.
     for (Rail* rail : rails) {
-      auto mr = register_on(rail->nic(), base, length, type, device, rail->describe());
+      auto mr = register_on(rail->nic(), source, rail->describe());
       if (int rc = fi_mr_bind(mr.get(), &rail->endpoint()->fid, 0); rc != 0) {
         throw_fi_error("register memory", "fi_mr_bind", provider, rc, rail->describe());
       }
@@ -92,7 +145,7 @@ MemoryRegistration::MemoryRegistration(std::span<Rail* const> rails, const void*
       auto it = std::find_if(by_nic.begin(), by_nic.end(),
                              [&](const auto& entry) { return entry.first == &rail->nic(); });
       if (it == by_nic.end()) {
-        mrs_.push_back(register_on(rail->nic(), base, length, type, device, rail->describe()));
+        mrs_.push_back(register_on(rail->nic(), source, rail->describe()));
         it = by_nic.insert(by_nic.end(), {&rail->nic(), mrs_.size() - 1});
       }
       fid_mr* mr = mrs_[it->second].get();
@@ -103,6 +156,38 @@ MemoryRegistration::MemoryRegistration(std::span<Rail* const> rails, const void*
     if (slot.registered && slot.key == FI_KEY_NOTAVAIL) {
       throw Error("register memory", provider, FI_ENOKEY,
                   "the provider gave no key for " + region_text(base, length));
+    }
+  }
+}
+
+// CUDA memory needs a driver, must be what it is said to be, and needs NICs with FI_HMEM; host
+// memory is checked against the driver only where the process has it loaded already (an
+// application that uses CUDA), so a host-only program never loads it.
+void MemoryRegistration::check_memory(std::span<Rail* const> rails, Source& source,
+                                      const std::string& provider) {
+  const std::string region = region_text(source.base, source.length);
+  if (source.type == MemoryType::kCuda) {
+    try {
+      source.driver = &util::cuda::Driver::instance();
+    } catch (const Error& e) {
+      throw Error("register memory", provider, 0, region + " as CUDA memory: " + e.what());
+    }
+  } else {
+    source.driver = util::cuda::Driver::if_loaded();
+  }
+  if (source.driver != nullptr) {
+    const std::string mismatch =
+        memory_type_mismatch(source.type, source.device, source.driver->pointer_info(source.base),
+                             source.base, source.length);
+    if (!mismatch.empty()) throw Error("register memory", provider, FI_EINVAL, mismatch);
+  }
+  if (source.type != MemoryType::kCuda) return;
+  for (Rail* rail : rails) {
+    const NicAttributes& attributes = rail->nic().attributes();
+    if (!attributes.device_memory) {
+      throw Error("register memory", provider, FI_EOPNOTSUPP,
+                  region + " is CUDA memory, but NIC " + attributes.domain +
+                      " has no device-memory support: " + attributes.device_memory_note);
     }
   }
 }

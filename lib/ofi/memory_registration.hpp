@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "loom/memory.hpp"
@@ -14,6 +15,7 @@
 
 namespace loom::ofi {
 
+class Nic;
 class Rail;
 
 class MemoryRegistration {
@@ -51,8 +53,15 @@ class MemoryRegistration {
   }
   // fid_mr objects held: domains in ordinary mode, endpoints under FI_MR_ENDPOINT.
   [[nodiscard]] std::size_t registrations() const noexcept { return mrs_.size(); }
+  // Whether CUDA memory was registered through a dmabuf (FI_MR_DMABUF) on some NIC.
+  [[nodiscard]] bool through_dmabuf() const noexcept { return through_dmabuf_; }
 
  private:
+  struct Source;
+  static void check_memory(std::span<Rail* const> rails, Source& source,
+                           const std::string& provider);
+  FidPtr<fid_mr> register_on(Nic& nic, Source& source, const std::string& where);
+
   struct Slot {
     void* desc = nullptr;
     std::uint64_t key = 0;
@@ -64,6 +73,7 @@ class MemoryRegistration {
   MemoryType type_;
   int device_;
   bool virt_addr_ = false;
+  bool through_dmabuf_ = false;
   std::vector<FidPtr<fid_mr>> mrs_;
   std::vector<Slot> slots_;
 };

@@ -48,8 +48,9 @@ std::size_t usable_tag_bits(std::uint64_t mem_tag_format) {
   return 64 - static_cast<std::size_t>(std::countl_zero(mem_tag_format));
 }
 
-NicAttributes describe(const fi_info& info) {
+NicAttributes describe(const fi_info& info, NicOptions options) {
   const auto mr_mode = static_cast<unsigned>(info.domain_attr->mr_mode);
+  const bool device_memory = (info.caps & FI_HMEM) != 0;
   return NicAttributes{
       .provider = info.fabric_attr->prov_name ? info.fabric_attr->prov_name : "",
       .fabric = info.fabric_attr->name ? info.fabric_attr->name : "",
@@ -69,14 +70,19 @@ NicAttributes describe(const fi_info& info) {
       .max_tx_depth = info.tx_attr->size,
       .max_rx_depth = info.rx_attr->size,
       .max_endpoints = info.domain_attr->ep_cnt,
+      .device_memory = device_memory,
+      .hmem_mr = (mr_mode & FI_MR_HMEM) != 0,
+      .device_memory_note = device_memory ? std::string() : std::move(options.device_memory_note),
+      .cuda_dmabuf = options.cuda_dmabuf,
+      .api_version = info.fabric_attr->api_version,
   };
 }
 
 }  // namespace
 
-Nic::Nic(InfoPtr info)
+Nic::Nic(InfoPtr info, NicOptions options)
     : info_(std::move(info)),
-      attributes_(describe(*info_)),
+      attributes_(describe(*info_, std::move(options))),
       profile_(&providers::profile_for(attributes_.provider)) {
   fid_fabric* fabric = nullptr;
   if (int rc = fi_fabric(info_->fabric_attr, &fabric, nullptr); rc != 0) {
@@ -103,11 +109,13 @@ Nic::Nic(InfoPtr info)
       }
     }
   }
-  util::log().info(
-      "NIC {} [{}] fabric {} address {} mr: {}{}{}{}", attributes_.domain, attributes_.provider,
-      attributes_.fabric, attributes_.address, attributes_.endpoint_mr ? "endpoint " : "domain ",
-      attributes_.virt_addr ? "virt-addr " : "offset ",
-      attributes_.prov_key ? "prov-key " : "user-key ", attributes_.local_mr ? "local" : "");
+  util::log().info("NIC {} [{}] fabric {} address {} mr: {}{}{}{}{}; device memory: {}",
+                   attributes_.domain, attributes_.provider, attributes_.fabric,
+                   attributes_.address, attributes_.endpoint_mr ? "endpoint " : "domain ",
+                   attributes_.virt_addr ? "virt-addr " : "offset ",
+                   attributes_.prov_key ? "prov-key " : "user-key ",
+                   attributes_.local_mr ? "local " : "", attributes_.hmem_mr ? "hmem" : "",
+                   attributes_.device_memory ? "FI_HMEM" : "none");
 }
 
 Nic::~Nic() = default;

@@ -41,12 +41,25 @@ struct NicAttributes {
   std::size_t max_rx_depth = 0;
   std::size_t max_endpoints = 0;
   std::size_t max_cq_entries = 0;  // from the device where its profile reads it; 0: unknown
+  // Device memory: FI_HMEM granted (the provider takes FI_HMEM_CUDA registrations where
+  // libfabric was built with CUDA), and FI_MR_HMEM (device buffers need descriptors).
+  bool device_memory = false;
+  bool hmem_mr = false;
+  std::string device_memory_note;  // why there is no device memory; empty when there is
+  bool cuda_dmabuf = true;         // LOOM_CUDA_DMABUF: try dmabuf registrations where possible
+  std::uint32_t api_version = 0;   // the libfabric API version the fabric was opened with
+};
+
+// What open_nics decided about a NIC beyond its fi_info.
+struct NicOptions {
+  std::string device_memory_note;  // why its fi_info has no FI_HMEM (empty when it has)
+  bool cuda_dmabuf = true;         // LOOM_CUDA_DMABUF
 };
 
 class Nic {
  public:
   // Opens the fabric and domain described by `info` (one entry of fi_getinfo's list).
-  explicit Nic(InfoPtr info);
+  explicit Nic(InfoPtr info, NicOptions options = {});
   ~Nic();
   Nic(const Nic&) = delete;
   Nic& operator=(const Nic&) = delete;
@@ -71,6 +84,11 @@ class Nic {
   // A key unique in this domain, for providers that take the requested key (no FI_MR_PROV_KEY).
   std::uint64_t next_requested_key() noexcept { return next_key_.fetch_add(1); }
 
+  // Set once the provider refused a dmabuf registration: CUDA memory goes by address on this
+  // NIC from then on.
+  [[nodiscard]] bool dmabuf_refused() const noexcept { return dmabuf_refused_.load(); }
+  void refuse_dmabuf() noexcept { dmabuf_refused_.store(true); }
+
  private:
   // Declaration order is destruction order, reversed: domain closes before fabric, then info.
   InfoPtr info_;
@@ -80,6 +98,7 @@ class Nic {
   const providers::Profile* profile_;
   std::optional<Subnet> subnet_;
   std::atomic<std::uint64_t> next_key_{1};
+  std::atomic<bool> dmabuf_refused_{false};
   std::mutex endpoint_setup_mutex_;
 };
 

@@ -8,7 +8,9 @@
 #include <rdma/fabric.h>
 
 #include "loom/error.hpp"
+#include "loom_build_config.h"
 #include "ofi/error.hpp"
+#include "ofi/mr_attributes.hpp"
 #include "providers/profile.hpp"
 #include "util/env.hpp"
 #include "util/log.hpp"
@@ -16,7 +18,7 @@
 namespace loom::ofi {
 namespace {
 
-constexpr std::uint32_t kApiVersion = FI_VERSION(1, 17);
+constexpr std::uint32_t kMinApiVersion = FI_VERSION(1, 17);
 constexpr std::uint64_t kCaps =
     FI_MSG | FI_TAGGED | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
 // Mode bits loom honours: every context starts with an fi_context2 (OpContext), and remote CQ
@@ -25,19 +27,8 @@ constexpr std::uint64_t kModes = FI_CONTEXT | FI_CONTEXT2 | FI_RX_CQ_DATA;
 // Every MR mode bit loom handles; the provider answers with the ones it needs.
 constexpr int kMrModes =
     FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
-
-InfoPtr make_hints(const Config& config) {
-  InfoPtr hints(fi_allocinfo());
-  if (!hints) throw std::bad_alloc();
-  hints->caps = kCaps;
-  hints->mode = kModes;
-  hints->ep_attr->type = FI_EP_RDM;
-  hints->domain_attr->mr_mode = kMrModes;
-  hints->domain_attr->threading = FI_THREAD_SAFE;
-  hints->domain_attr->av_type = FI_AV_TABLE;
-  if (!config.provider.empty()) hints->fabric_attr->prov_name = strdup(config.provider.c_str());
-  return hints;
-}
+// FI_MR_BASIC | FI_MR_SCALABLE: old providers report them; libfabric 2 deprecates the names.
+constexpr int kLegacyMrModes = (1 << 0) | (1 << 1);
 
 std::string to_text(const void* value, fi_type type) {
   char buffer[512] = {};
@@ -58,13 +49,6 @@ bool is_loopback(const fi_info& info) {
     return std::memcmp(&sin6->sin6_addr, &in6addr_loopback, sizeof(in6_addr)) == 0;
   }
   return true;  // not an IP address (shm, efa, cxi): not a network interface to filter
-}
-
-const char* domain_of(const fi_info& info) {
-  return info.domain_attr->name != nullptr ? info.domain_attr->name : "";
-}
-const char* provider_of(const fi_info& info) {
-  return info.fabric_attr->prov_name != nullptr ? info.fabric_attr->prov_name : "";
 }
 
 bool nic_allowed(const fi_info& info, const Config& config) {
@@ -127,17 +111,23 @@ std::string refusal(const std::string& provider, const fi_info* all, const fi_in
   if (std::uint64_t extra = modes & ~kModes; extra != 0) {
     return "requires mode bits loom does not handle: " + to_text(&extra, FI_TYPE_MODE);
   }
-  if (int extra = mr_modes & ~(kMrModes | FI_MR_BASIC | FI_MR_SCALABLE); extra != 0) {
+  if (int extra = mr_modes & ~(kMrModes | kLegacyMrModes); extra != 0) {
     return "requires MR mode bits loom does not handle: " + to_text(&extra, FI_TYPE_MR_MODE);
   }
   return "refused loom's hints (FI_EP_RDM, " + to_text(&kCaps, FI_TYPE_CAPS) +
          ", FI_THREAD_SAFE) for another reason; FI_LOG_LEVEL=info tells which";
 }
 
-[[noreturn]] void throw_no_match(const Config& config, const fi_info* matched, long rc) {
+// Every entry libfabric has, unfiltered (for diagnoses).
+InfoPtr list_everything() {
   fi_info* all = nullptr;
-  fi_getinfo(kApiVersion, nullptr, nullptr, 0, nullptr, &all);
-  InfoPtr all_owner(all);
+  fi_getinfo(api_version(), nullptr, nullptr, 0, nullptr, &all);
+  return InfoPtr(all);
+}
+
+[[noreturn]] void throw_no_match(const Config& config, const fi_info* matched, long rc) {
+  InfoPtr all_owner = list_everything();
+  const fi_info* all = all_owner.get();
   std::vector<std::string> providers;
   for (const fi_info* i = all; i != nullptr; i = i->next) {
     std::string name = provider_of(*i);
@@ -179,14 +169,95 @@ void apply_provider_defaults(const Config& config) {
   }
 }
 
+// The entry of the FI_HMEM answer for the NIC `chosen` describes (same provider, domain and
+// address format, allowed by the configuration); nullptr when the provider gave none.
+const fi_info* hmem_entry_for(const fi_info& chosen, const fi_info* hmem_list,
+                              const Config& config) {
+  for (const fi_info* i = hmem_list; i != nullptr; i = i->next) {
+    if (std::strcmp(provider_of(*i), provider_of(chosen)) == 0 &&
+        std::strcmp(domain_of(*i), domain_of(chosen)) == 0 &&
+        i->addr_format == chosen.addr_format && (i->caps & FI_HMEM) != 0 &&
+        nic_allowed(*i, config)) {
+      return i;
+    }
+  }
+  return nullptr;
+}
+
+InfoPtr single_entry(const fi_info& entry) {
+  // fi_dupinfo copies the whole list from this entry on; keep just the entry.
+  fi_info single = entry;
+  single.next = nullptr;
+  return duplicate(single);
+}
+
 }  // namespace
+
+std::uint32_t api_version() noexcept {
+  // fi_version() is the libfabric loaded, which may be older than the headers.
+  if (LOOM_FI_DMABUF && fi_version() >= kDmabufApiVersion) return kDmabufApiVersion;
+  return kMinApiVersion;
+}
+
+const char* domain_of(const fi_info& info) noexcept {
+  return info.domain_attr != nullptr && info.domain_attr->name != nullptr ? info.domain_attr->name
+                                                                          : "";
+}
+
+const char* provider_of(const fi_info& info) noexcept {
+  return info.fabric_attr != nullptr && info.fabric_attr->prov_name != nullptr
+             ? info.fabric_attr->prov_name
+             : "";
+}
+
+InfoPtr make_hints(const Config& config, bool device_memory) {
+  InfoPtr hints(fi_allocinfo());
+  if (!hints) throw std::bad_alloc();
+  hints->caps = kCaps | (device_memory ? FI_HMEM : 0);
+  hints->mode = kModes;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode = kMrModes | (device_memory ? FI_MR_HMEM : 0);
+  hints->domain_attr->threading = FI_THREAD_SAFE;
+  hints->domain_attr->av_type = FI_AV_TABLE;
+  if (!config.provider.empty()) hints->fabric_attr->prov_name = strdup(config.provider.c_str());
+  return hints;
+}
+
+std::string device_memory_refusal(const fi_info* all, std::string_view provider,
+                                  std::string_view domain) {
+  bool listed = false;
+  bool hmem = false;
+  int mr_modes = ~0;
+  for (const fi_info* i = all; i != nullptr; i = i->next) {
+    if (provider_of(*i) != provider || domain_of(*i) != domain || i->ep_attr == nullptr ||
+        i->ep_attr->type != FI_EP_RDM) {
+      continue;
+    }
+    listed = true;
+    if ((i->caps & FI_HMEM) == 0) continue;
+    hmem = true;
+    mr_modes &= i->domain_attr->mr_mode;
+  }
+  const std::string where = std::string(provider) + " on " + std::string(domain);
+  if (!hmem) {
+    return where + (listed ? " offers no FI_HMEM" : " is not listed with FI_HMEM") +
+           ": the provider has no device-memory support in libfabric " +
+           version_text(fi_version()) + ", or libfabric was built without --with-cuda";
+  }
+  if (int extra = mr_modes & ~(kMrModes | FI_MR_HMEM | kLegacyMrModes); extra != 0) {
+    return where + " offers FI_HMEM only with MR mode bits loom does not handle: " +
+           to_text(&extra, FI_TYPE_MR_MODE);
+  }
+  return where + " offers FI_HMEM, but not together with loom's other hints (" +
+         to_text(&kCaps, FI_TYPE_CAPS) + ", FI_MR_HMEM); FI_LOG_LEVEL=info tells why";
+}
 
 std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
   config.validate();
   apply_provider_defaults(config);
-  InfoPtr hints = make_hints(config);
+  InfoPtr hints = make_hints(config, false);
   fi_info* list = nullptr;
-  long rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);
+  long rc = fi_getinfo(api_version(), nullptr, nullptr, 0, hints.get(), &list);
   InfoPtr list_owner(list);
   if (rc != 0) throw_no_match(config, nullptr, rc);
 
@@ -226,15 +297,45 @@ std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
     chosen = std::move(ordered);
   }
 
+  // Device memory: the chosen provider asked again with FI_HMEM and FI_MR_HMEM. Asking this
+  // second, for the provider the plain hints chose, keeps the choice of provider and NICs the
+  // same in builds with and without CUDA; a NIC whose provider refuses keeps its host-only
+  // entry and says why.
+  InfoPtr hmem_owner;
+  long hmem_rc = -FI_ENODATA;
+  const bool device_memory = LOOM_HAVE_CUDA && config.device_memory;
+  if (device_memory) {
+    InfoPtr hmem_hints = make_hints(config, true);
+    std::free(hmem_hints->fabric_attr->prov_name);
+    hmem_hints->fabric_attr->prov_name = strdup(provider.c_str());
+    fi_info* hmem_list = nullptr;
+    hmem_rc = fi_getinfo(api_version(), nullptr, nullptr, 0, hmem_hints.get(), &hmem_list);
+    hmem_owner.reset(hmem_list);
+  }
+  InfoPtr everything;  // for the reasons, listed once and only when needed
   std::vector<std::unique_ptr<Nic>> nics;
   for (const fi_info* c : chosen) {
-    // fi_dupinfo copies the whole list from this entry on; keep just the entry.
-    fi_info single = *c;
-    single.next = nullptr;
-    nics.push_back(std::make_unique<Nic>(duplicate(single)));
+    NicOptions options{.device_memory_note = {}, .cuda_dmabuf = config.cuda_dmabuf};
+    const fi_info* hmem = hmem_entry_for(*c, hmem_owner.get(), config);
+    if (!LOOM_HAVE_CUDA) {
+      options.device_memory_note = "loom was built without CUDA (meson setup -Dcuda=enabled)";
+    } else if (!config.device_memory) {
+      options.device_memory_note = "LOOM_DEVICE_MEMORY=0";
+    } else if (hmem == nullptr) {
+      if (!everything) everything = list_everything();
+      options.device_memory_note =
+          device_memory_refusal(everything.get(), provider_of(*c), domain_of(*c));
+      if (hmem_rc != 0 && hmem_rc != -FI_ENODATA) {
+        options.device_memory_note += "; fi_getinfo with FI_HMEM failed: " + fi_error_text(hmem_rc);
+      }
+      util::log().info("NIC {} [{}]: host memory only: {}", domain_of(*c), provider,
+                       options.device_memory_note);
+    }
+    nics.push_back(
+        std::make_unique<Nic>(single_entry(hmem != nullptr ? *hmem : *c), std::move(options)));
   }
-  util::log().info("provider {}: {} NIC(s); {}", provider, nics.size(),
-                   nics.front()->profile().summary);
+  util::log().info("provider {} (API {}): {} NIC(s); {}", provider, version_text(api_version()),
+                   nics.size(), nics.front()->profile().summary);
   return nics;
 }
 

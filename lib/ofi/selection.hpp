@@ -1,7 +1,10 @@
 // Provider selection: one fi_getinfo with the hints loom handles, then one Nic per domain.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/config.hpp"
@@ -13,6 +16,25 @@ namespace loom::ofi {
 // applies inside libfabric), all of one provider, in the order LOOM_NICS gives or libfabric
 // lists them. When nothing matches, throws loom::Error listing every provider libfabric knows
 // and why each was refused.
+//
+// Device memory: in a build with CUDA (and LOOM_DEVICE_MEMORY=1), the chosen provider is asked
+// again with FI_HMEM and FI_MR_HMEM; a NIC it grants them on is opened from that entry, any
+// other with its host-only entry and a logged reason (NicAttributes::device_memory_note).
 [[nodiscard]] std::vector<std::unique_ptr<Nic>> open_nics(const Config& config);
+
+// ---- the pieces of the selection, for tests.
+
+// The API version loom asks fi_getinfo for: 1.20 where both the headers loom was compiled with
+// and the libfabric loaded (fi_version()) have FI_MR_DMABUF, else 1.17.
+[[nodiscard]] std::uint32_t api_version() noexcept;
+// The hints: FI_EP_RDM, loom's caps, modes and MR modes, FI_THREAD_SAFE, FI_AV_TABLE, the
+// provider LOOM_PROVIDER names; `device_memory` adds FI_HMEM and FI_MR_HMEM.
+[[nodiscard]] InfoPtr make_hints(const Config& config, bool device_memory);
+// Why `provider` cannot give device memory on `domain`, judged from fi_getinfo's unfiltered
+// list `all`.
+[[nodiscard]] std::string device_memory_refusal(const fi_info* all, std::string_view provider,
+                                                std::string_view domain);
+[[nodiscard]] const char* provider_of(const fi_info& info) noexcept;
+[[nodiscard]] const char* domain_of(const fi_info& info) noexcept;
 
 }  // namespace loom::ofi

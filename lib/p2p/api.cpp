@@ -140,7 +140,8 @@ std::vector<NicDescription> Context::nics() const {
   for (std::size_t i = 0; i < core_->nics().size(); ++i) {
     const auto& a = core_->nics()[i]->attributes();
     out.push_back({a.domain, a.provider, a.fabric, a.address, a.endpoint_mr,
-                   i < localities.size() ? localities[i] : std::string()});
+                   i < localities.size() ? localities[i] : std::string(), a.device_memory,
+                   a.device_memory_note});
   }
   return out;
 }

@@ -39,6 +39,7 @@ Comm::Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction di
                 .min_stripe = context_->config().min_stripe,
                 .peer_timeout = std::chrono::milliseconds(context_->config().peer_timeout_ms),
                 .force_flush = context_->config().force_flush,
+                .gpu_flush = context_->config().gpu_flush,
                 .provider = context_->provider()},
       lanes_(context_->lanes()),
       lane_(&lane),

@@ -45,6 +45,7 @@ struct CommSettings {
   std::size_t min_stripe = 0;
   std::chrono::milliseconds peer_timeout{0};
   bool force_flush = false;
+  bool gpu_flush = true;
   std::string provider;  // for error texts
 };
 

@@ -55,21 +55,27 @@ Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& reque
   std::lock_guard lock(lane_->mutex());
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "iflush on a closed communicator");
-  const RecvBuffer* target = nullptr;  // the first non-empty buffer
+  // The read must come from device memory: one from a host buffer orders nothing on the GPU.
+  const RecvBuffer* target = nullptr;
   const ofi::MemoryRegistration* registration = nullptr;
   bool device = false;
   for (const RecvBuffer& buffer : buffers) {
     if (buffer.size == 0) continue;
     const auto* found = lookup(buffer.region, buffer.data, buffer.size);
     if (found == nullptr) return Status::kInvalid;
-    device |= found->type() != MemoryType::kHost;
-    if (target == nullptr) {
+    const bool on_device = found->type() != MemoryType::kHost;
+    if (target == nullptr || (on_device && !device)) {
       target = &buffer;
       registration = found;
     }
+    device |= on_device;
   }
   // Host memory is coherent with the NIC's writes: nothing to flush unless a test forces it.
-  if (target == nullptr || (!device && !settings_.force_flush)) return Status::kOk;
+  // Device memory is flushed unless LOOM_GPU_FLUSH=0 says the platform makes the NIC's writes
+  // visible to the GPU at completion.
+  if (target == nullptr || !(settings_.force_flush || (device && settings_.gpu_flush))) {
+    return Status::kOk;
+  }
   Request* r = allocate(RequestKind::kFlush);
   if (r == nullptr) return reject(Status::kRetry, "iflush: too many requests in flight");
   r->part_count = 1;
@@ -77,36 +83,61 @@ Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& reque
                      .size = target->size,
                      .tag = target->tag,
                      .registration = registration};
+  // A read orders only the writes that came through its own NIC before it, and a message may
+  // have come through any data rail (eager: one; rendezvous: striped): one read per data rail.
+  // A flush's "stripes" are those reads.
+  r->stripes = static_cast<std::uint8_t>(data_rails_);
   advance(*r);
   request = r;
   return Status::kOk;
 }
 
+// Posts the flush's reads, rail by rail, in waves of kMaxOps (a request's operation contexts):
+// the next wave waits until the contexts of the last one are all back.
+void RecvCommImpl::post_flush_reads(Request& r) {
+  Part& part = r.parts[0];
+  if (terminal(part.recv)) return;
+  while (r.stripes_posted < r.stripes) {
+    const std::size_t slot = r.stripes_posted % kMaxOps;
+    if (slot == 0 && r.ops_outstanding != 0) return;
+    ofi::Rail& rail = lane_->rails().data(r.stripes_posted);
+    const Status status = rail.flush(*part.registration, part.data, part.size, &r.ops[slot]);
+    if (status == Status::kRetry) {
+      retry_later(r);
+      return;
+    }
+    if (status != Status::kOk) {
+      r.fail(Status::kError, "iflush: " + rail.last_error());
+      r.stripes = r.stripes_posted;  // no further reads; decided once those posted are back
+      break;
+    }
+    ++r.stripes_posted;
+    ++r.ops_outstanding;
+    if (part.recv == RecvState::kAwaitingPost) part.to(RecvState::kFlushing);
+  }
+  if (r.stripes_done == r.stripes) {
+    part.status = r.status;
+    part.to(r.status == Status::kOk ? RecvState::kDone : RecvState::kFailed);
+  }
+}
+
+void RecvCommImpl::on_flush_read(Request& r, const ofi::Completion& completion) {
+  --r.ops_outstanding;
+  ++r.stripes_done;
+  if (completion.status != Status::kOk) {
+    r.fail(Status::kError, "iflush: " + std::string(completion.error_text));
+    r.stripes = r.stripes_posted;
+  }
+  if (r.ops_outstanding == 0) post_flush_reads(r);
+}
+
 void RecvCommImpl::advance(Request& r) {
   if (r.kind == RequestKind::kFlush) {
-    post_flush(r);
+    post_flush_reads(r);
     return;
   }
   post_in_order();
   announce(r);
-}
-
-void RecvCommImpl::post_flush(Request& r) {
-  Part& part = r.parts[0];
-  if (part.recv != RecvState::kAwaitingPost) return;
-  ofi::Rail& rail = lane_->rails().data(0);
-  const Status status = rail.flush(*part.registration, part.data, part.size, &r.ops[0]);
-  if (status == Status::kOk) {
-    part.recv_outstanding = true;
-    ++r.ops_outstanding;
-    part.to(RecvState::kFlushing);
-  } else if (status == Status::kRetry) {
-    retry_later(r);
-  } else {
-    r.fail(Status::kError, "iflush: " + rail.last_error());
-    part.status = Status::kError;
-    part.to(RecvState::kFailed);
-  }
 }
 
 // A part whose eager receive the provider holds is not decided until the receive is back:
@@ -114,7 +145,11 @@ void RecvCommImpl::post_flush(Request& r) {
 void RecvCommImpl::fail_part(Request& r, Part& part, Status status) {
   if (terminal(part.recv) || part.recv == RecvState::kCancelling) return;
   part.status = status;
-  if (part.recv == RecvState::kFlushing) return;  // the read completes; on_op decides
+  if (r.kind == RequestKind::kFlush) {
+    r.stripes = r.stripes_posted;  // no further reads; those posted complete and decide it
+    if (r.ops_outstanding == 0) part.to(RecvState::kFailed);
+    return;
+  }
   if (!part.recv_outstanding) {
     part.to(RecvState::kFailed);
     return;
@@ -129,17 +164,13 @@ void RecvCommImpl::fail_part(Request& r, Part& part, Status status) {
 }
 
 void RecvCommImpl::on_op(Request& r, std::size_t i, const ofi::Completion& completion) {
+  if (r.kind == RequestKind::kFlush) {
+    on_flush_read(r, completion);
+    return;
+  }
   Part& part = r.parts[i];
   --r.ops_outstanding;
   part.recv_outstanding = false;
-  if (r.kind == RequestKind::kFlush) {
-    if (completion.status != Status::kOk) {
-      r.fail(Status::kError, "iflush: " + std::string(completion.error_text));
-    }
-    part.status = r.status;
-    part.to(r.status == Status::kOk ? RecvState::kDone : RecvState::kFailed);
-    return;
-  }
   lane_->receive_finished(part.seq % data_rails_);
   on_eager(r, part, completion);
 }

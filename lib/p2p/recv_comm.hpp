@@ -32,7 +32,9 @@ class RecvCommImpl final : public Comm {
   void advance(Request& request) override;
   // A part leaves for kCancelling (its eager receive is taken back first) or kFailed.
   void fail_part(Request& request, Part& part, Status status) override;
-  void post_flush(Request& request);
+  // iflush: one read per data rail (see iflush), and the completion of one.
+  void post_flush_reads(Request& request);
+  void on_flush_read(Request& request, const ofi::Completion& completion);
 
   // clear_to_send.cpp
   // Posts the eager receives not posted yet, lowest sequence first, until the provider pushes

@@ -198,6 +198,17 @@ constexpr Row kTable[] = {
     "peer's pending messages have to arrive, and close waits for its writes"),
   flag<&Config::force_flush>("LOOM_FORCE_FLUSH", "0",
     "run iflush's read even for host memory (tests the GPU path)"),
+  flag<&Config::device_memory>("LOOM_DEVICE_MEMORY", "1",
+    "in a build with CUDA, ask the provider for FI_HMEM so that CUDA memory can be registered; "
+    "0 = host memory only (shm with FI_HMEM drops its fast paths for host memory too)"),
+  flag<&Config::gpu_flush>("LOOM_GPU_FLUSH", "1",
+    "iflush of a receive into GPU memory reads a few bytes of it back through each data rail, so "
+    "the NIC's earlier writes are visible to the GPU (GPUDirect RDMA); 0 = skip it where the "
+    "platform makes them visible at completion"),
+  flag<&Config::cuda_dmabuf>("LOOM_CUDA_DMABUF", "1",
+    "register CUDA memory through a dmabuf (cuMemGetHandleForAddressRange, FI_MR_DMABUF) where "
+    "libfabric >= 1.20, the driver and the GPU support it; 0 = always by address with "
+    "FI_HMEM_CUDA"),
   text<&Config::topology_xml>("LOOM_TOPOLOGY_XML", "",
     "hwloc XML topology to use instead of this machine's"),
   text<&Config::gpu>("LOOM_GPU", "",

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Device memory on a real GPU, in two steps (README, "GPU memory"):
+#
+#   bash scripts/gpu_check.sh build   on a build machine (Debian 12, the CUDA toolkit in
+#                                     /usr/local/cuda, apt): builds libfabric with CUDA from its
+#                                     public source and loom -Dcuda=enabled against it, and
+#                                     stages every binary and shared library a run needs in
+#                                     .gpu/stage (ignored by git)
+#   bash scripts/gpu_check.sh run     on the GPU machine, from the repository root with
+#                                     .gpu/stage beside it; needs only the NVIDIA driver there
+#                                     (no libfabric, hwloc or spdlog, no network). With the
+#                                     device tool: run(command="bash scripts/gpu_check.sh run",
+#                                     carry=[".gpu/stage"])
+#   bash scripts/gpu_check.sh         both, where one machine builds and has the GPU
+#
+# The run moves cuMemAlloc'd buffers between two processes on GPU 0 over shm and tcp;ofi_rxm
+# (FI_HMEM; libfabric's tcp has none, so there it checks that CUDA memory is refused and why),
+# every byte verified; receives followed by iflush through every data rail; registration
+# through a dmabuf where libfabric (>= 1.20), the driver and the GPU allow it, and by address
+# with LOOM_CUDA_DMABUF=0; and fi_p2p_bw --device cuda. Logs go to $OUT (the device tool brings
+# them back) or .gpu/results. Exit status: the number of failed steps.
+#
+# Knobs: LIBFABRIC_GIT (default https://github.com/ofiwg/libfabric.git), LIBFABRIC_VERSION (a
+# tag, default v2.6.0), LIBFABRIC_SRC (an existing checkout or release tree: no clone), CUDA_HOME
+# (default /usr/local/cuda), JOBS (default nproc).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+gpu=$root/.gpu
+stage=$gpu/stage
+cuda=${CUDA_HOME:-/usr/local/cuda}
+jobs=${JOBS:-$(nproc)}
+
+die() { echo "gpu_check: $*" >&2; exit 1; }
+
+build() {
+  set -e
+  [ -f "$cuda/include/cuda.h" ] || die "no CUDA toolkit at $cuda (set CUDA_HOME)"
+  [ -f "$cuda/lib64/libcudart.so" ] || die "no libcudart.so in $cuda/lib64"
+  scripts/deps.sh autoconf automake libtool git
+  mkdir -p "$gpu"
+
+  # 1. libfabric with CUDA (dlopen'd, so it builds without a driver) and the providers loom's
+  #    GPU checks use: shm, tcp and rxm.
+  local src=${LIBFABRIC_SRC:-$gpu/src/libfabric}
+  local version=${LIBFABRIC_VERSION:-v2.6.0}
+  if [ ! -d "$src" ]; then
+    git clone --quiet --depth 1 --branch "$version" \
+      "${LIBFABRIC_GIT:-https://github.com/ofiwg/libfabric.git}" "$src"
+  fi
+  # libfabric's CUDA code includes nvml.h, which a toolkit installed without NVML's headers
+  # lacks: take it from Debian's libnvidia-ml-dev (non-free), downloaded with a private apt
+  # configuration into .gpu/apt, the system's sources untouched.
+  local cppflags=""
+  if [ ! -f "$cuda/include/nvml.h" ]; then
+    if [ ! -f "$gpu/nvml/usr/include/nvml.h" ]; then
+      local apt_dir=$gpu/apt
+      mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
+      echo "deb http://deb.debian.org/debian bookworm non-free" >"$apt_dir/sources.list"
+      local apt_options=(-o Dir::Etc::SourceList="$apt_dir/sources.list"
+                         -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists="$apt_dir/lists"
+                         -o Dir::Cache="$apt_dir/cache")
+      apt-get -q "${apt_options[@]}" update >/dev/null
+      (cd "$apt_dir" && apt-get -q "${apt_options[@]}" download libnvidia-ml-dev 2>/dev/null)
+      dpkg-deb -x "$apt_dir"/libnvidia-ml-dev_*.deb "$gpu/nvml"
+    fi
+    cppflags="-I$gpu/nvml/usr/include"
+  fi
+  local prefix=$gpu/libfabric
+  if [ ! -f "$prefix/lib/pkgconfig/libfabric.pc" ]; then
+    (
+      cd "$src"
+      [ -x configure ] || ./autogen.sh >/dev/null
+      mkdir -p "$gpu/libfabric-build"
+      cd "$gpu/libfabric-build"
+      "$src/configure" --quiet --prefix="$prefix" --disable-static CPPFLAGS="$cppflags" \
+        --with-cuda="$cuda" --enable-cuda-dlopen \
+        --enable-only --enable-shm --enable-tcp --enable-rxm
+      make --quiet -j"$jobs" install >/dev/null
+    )
+  fi
+  grep -q '^#define HAVE_CUDA 1' "$gpu/libfabric-build/config.h" ||
+    die "libfabric was configured without CUDA (see $gpu/libfabric-build/config.log)"
+
+  # 2. loom against it. The CUDA driver is dlopen'd at run time: nothing links libcuda.
+  local build_dir=$gpu/build
+  local options=(-Dcuda=enabled -Dcudatoolkit="$cuda" -Dtests=enabled -Dbench=enabled
+                 -Depmr=disabled -Dfuzz=disabled -Dverbs=disabled -Dbuildtype=debugoptimized)
+  if [ -d "$build_dir/meson-private" ]; then
+    meson configure "$build_dir" "${options[@]}" >/dev/null
+  else
+    PKG_CONFIG_PATH=$prefix/lib/pkgconfig meson setup "$build_dir" "${options[@]}" >/dev/null
+  fi
+  ninja -C "$build_dir" test/test_gpu test/test_util test/test_ofi bench/fi_p2p_bw
+
+  # 3. Stage what a run needs. libfabric dlopens libcudart.so (unversioned) from the toolkit,
+  #    which the GPU machine may lack; libcuda.so.1 comes from its driver.
+  rm -rf "$stage"
+  mkdir -p "$stage/bin" "$stage/lib"
+  cp "$build_dir"/test/test_gpu "$build_dir"/test/test_util "$build_dir"/test/test_ofi \
+    "$build_dir"/bench/fi_p2p_bw "$prefix"/bin/fi_info "$stage/bin/"
+  cp -L "$build_dir"/libloom.so.0 "$prefix"/lib/libfabric.so.? "$stage/lib/"
+  cp -L "$cuda"/lib64/libcudart.so "$stage/lib/libcudart.so"
+  local soname
+  soname=$(objdump -p "$cuda/lib64/libcudart.so" | awk '$1 == "SONAME" { print $2 }')
+  cp -L "$cuda"/lib64/libcudart.so "$stage/lib/$soname"
+  # Every other library the binaries load, except glibc's own and the driver's.
+  local library
+  for binary in "$stage"/bin/* "$stage"/lib/*; do
+    LD_LIBRARY_PATH=$stage/lib ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'
+  done | sort -u | while read -r library; do
+    case $(basename "$library") in
+      libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libresolv.so.*) ;;
+      libcuda.so.*|libnvidia-*) ;;
+      *) [ -e "$stage/lib/$(basename "$library")" ] || cp -L "$library" "$stage/lib/" ;;
+    esac
+  done
+  # Debug sections would make the stage too big to carry (the device tool takes 64 MiB).
+  strip --strip-debug "$stage"/bin/* "$stage"/lib/*
+  echo "CUDA toolkit $cuda, libfabric $version: $(du -sh "$stage" | cut -f1) staged in $stage"
+  for binary in "$stage"/bin/*; do
+    if LD_LIBRARY_PATH=$stage/lib ldd "$binary" | grep -q "not found"; then
+      die "$binary: a library is missing from the stage"
+    fi
+  done
+  set +e
+}
+
+run() {
+  [ -x "$stage/bin/test_gpu" ] || die "nothing staged in $stage: run 'scripts/gpu_check.sh build' first"
+  local results=${OUT:-$gpu/results}
+  mkdir -p "$results"
+  export LD_LIBRARY_PATH=$stage/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  local failed=0 step=0
+  # step NAME EXPECT ENV... -- COMMAND...: EXPECT is "pass" or "refuse:TEXT" (must fail saying TEXT).
+  step() {
+    local name=$1 expect=$2; shift 2
+    local env=()
+    while [ "$1" != "--" ]; do env+=("$1"); shift; done
+    shift
+    step=$((step + 1))
+    local log="$results/$(printf '%02d' $step)-$name.log"
+    env "${env[@]}" timeout 600 "$@" >"$log" 2>&1
+    local code=$?
+    local verdict=ok
+    case $expect in
+      pass) [ $code -eq 0 ] || verdict="FAILED (exit $code)" ;;
+      refuse:*)
+        if [ $code -eq 0 ]; then verdict="FAILED (expected a refusal, it ran)";
+        elif ! grep -qF "${expect#refuse:}" "$log"; then verdict="FAILED (exit $code without \"${expect#refuse:}\")"; fi ;;
+    esac
+    grep -qE '^SKIPPED' "$log" && verdict="FAILED (skipped: $(grep -m1 '^SKIPPED' "$log"))"
+    [ "$verdict" = ok ] || failed=$((failed + 1))
+    printf '%-34s %s\n' "$name" "$verdict"
+    grep -hE '^(NOT SUPPORTED|refused as expected|[a-z;_]+: registered|# memory)' "$log" | sed 's/^/    /'
+  }
+  {
+    nvidia-smi -L 2>&1 || echo "nvidia-smi: not available"
+    "$stage/bin/fi_info" --version
+    FI_PROVIDER=shm "$stage/bin/fi_info" -p shm -c FI_HMEM -t FI_EP_RDM 2>&1 | head -5
+  } >"$results/00-machine.log" 2>&1
+  cat "$results/00-machine.log"
+  local tcp=("LOOM_PROVIDER=tcp;ofi_rxm" FI_PROVIDER=tcp LOOM_NICS=lo)
+  local shm=(LOOM_PROVIDER=shm FI_PROVIDER=shm)
+  local bin=$stage/bin
+  step driver pass -- "$bin/test_util" '[cuda]' --warn NoTests
+  step selection-units pass -- "$bin/test_ofi" '[hmem]' --warn NoTests
+  step nics-shm pass "${shm[@]}" -- "$bin/test_ofi" '[local]' --warn NoTests
+  step gpu-shm pass "${shm[@]}" -- "$bin/test_gpu" '[gpu]' --warn NoTests -s -r compact
+  step gpu-tcp pass "${tcp[@]}" -- "$bin/test_gpu" '[gpu]' --warn NoTests -s -r compact
+  step bw-shm-cuda pass "${shm[@]}" -- "$bin/fi_p2p_bw" --loopback --device cuda -v \
+    -S l:1,4k,64k,1m,16m -I 50 -w 5 --timeout 120
+  step bw-shm-cuda-noflush pass "${shm[@]}" LOOM_GPU_FLUSH=0 -- "$bin/fi_p2p_bw" --loopback \
+    --device cuda -v -S l:4k,1m -I 50 -w 5 --timeout 120
+  step bw-shm-cuda-2rails pass "${shm[@]}" -- "$bin/fi_p2p_bw" --loopback --device cuda:0 -v \
+    --rails 2 -S l:64k,16m -I 50 -w 5 --timeout 120
+  step bw-tcp-cuda "refuse:has no device-memory support" "${tcp[@]}" -- "$bin/fi_p2p_bw" \
+    --loopback --device cuda -S 4k -I 10 --timeout 60
+  echo "$((step - failed)) of $step steps ok; logs in $results"
+  return "$failed"
+}
+
+case ${1:-all} in
+  build) build ;;
+  run) run ;;
+  all) build && run ;;
+  *) die "usage: scripts/gpu_check.sh [build|run]" ;;
+esac
