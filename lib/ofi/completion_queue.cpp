@@ -8,7 +8,6 @@
 
 #include "ofi/error.hpp"
 #include "ofi/nic.hpp"
-#include "ofi/rail.hpp"
 #include "providers/profile.hpp"
 #include "util/log.hpp"
 
@@ -38,7 +37,8 @@ std::size_t clamp_cq_size(const NicAttributes& nic, std::size_t wanted) {
   return nic.max_cq_entries;
 }
 
-CompletionQueue::CompletionQueue(Nic& nic, std::size_t size) : nic_(&nic) {
+CompletionQueue::CompletionQueue(Nic& nic, std::size_t size)
+    : nic_(&nic), rx_cq_data_(nic.attributes().rx_cq_data) {
   fi_cq_attr attr{};
   attr.format = FI_CQ_FORMAT_TAGGED;
   // The sum of the depths of every rail sharing the queue may pass what the device allows
@@ -55,21 +55,7 @@ CompletionQueue::CompletionQueue(Nic& nic, std::size_t size) : nic_(&nic) {
 
 CompletionQueue::~CompletionQueue() = default;
 
-Rail* CompletionQueue::credit_owner(const OpContext* op) const noexcept {
-  for (Rail* rail : rails_)
-    if (rail->owns_credit(op)) return rail;
-  return nullptr;
-}
-
-void CompletionQueue::retry_credits() {
-  credits_waiting_ = false;
-  for (Rail* rail : rails_)
-    if (!rail->retry_credits()) credits_waiting_ = true;
-}
-
 std::size_t CompletionQueue::progress() {
-  if (credits_waiting_) [[unlikely]]
-    retry_credits();
   fi_cq_tagged_entry entries[kBatch];
   const long count = fi_cq_read(cq_.get(), entries, kBatch);
   if (count == -FI_EAGAIN) return 0;
@@ -89,10 +75,16 @@ std::size_t CompletionQueue::progress() {
     const fi_cq_tagged_entry& entry = entries[i];
     auto* op = static_cast<OpContext*>(entry.op_context);
     const bool remote_data = (entry.flags & FI_REMOTE_CQ_DATA) != 0;
+    const Completion completion{.status = Status::kOk,
+                                .has_data = remote_data,
+                                .tag = entry.tag,
+                                .data = entry.data,
+                                .length = entry.len};
     // A remote write is told by its flags: its op_context is not ours (NULL on most providers,
-    // garbage on shm 1.17), unless it consumed a receive posted for FI_RX_CQ_DATA.
+    // garbage on shm 1.17), unless it consumed a receive posted for FI_RX_CQ_DATA, whose owner
+    // posts it again before the data is handed on.
     if ((entry.flags & FI_REMOTE_WRITE) != 0 || op == nullptr) {
-      if (Rail* owner = rails_.empty() ? nullptr : credit_owner(op)) owner->repost_credit(op);
+      if (rx_cq_data_ && op != nullptr) op->handler->on_completion(*op, completion);
       if (remote_data && remote_writes_ != nullptr) {
         remote_writes_->on_remote_write(entry.data);
       } else {
@@ -101,11 +93,6 @@ std::size_t CompletionQueue::progress() {
       }
       continue;
     }
-    Completion completion{.status = Status::kOk,
-                          .has_data = remote_data,
-                          .tag = entry.tag,
-                          .data = entry.data,
-                          .length = entry.len};
     op->handler->on_completion(*op, completion);
   }
   return static_cast<std::size_t>(count);
@@ -124,11 +111,10 @@ void CompletionQueue::read_error_entry() {
   // Some providers (shm in 1.17) report err negated; the code is the same either way.
   const int code = std::abs(error.err);
   auto* op = static_cast<OpContext*>(error.op_context);
-  Rail* const credit = credit_owner(op);
   if (code == FI_ECANCELED) {
     // Cancelling a posted receive is routine (every rendezvous message cancels its eager
-    // receive): no text to build. A cancelled credit is a rail closing: not reposted.
-    if (op != nullptr && op->handler != nullptr && credit == nullptr) {
+    // receive): no text to build.
+    if (op != nullptr && op->handler != nullptr) {
       op->handler->on_completion(*op, Completion{.status = Status::kCancelled});
     }
     return;
@@ -144,15 +130,6 @@ void CompletionQueue::read_error_entry() {
   const Status status = code == FI_ETRUNC                          ? Status::kTruncated
                         : connection_lost(code) || gone != nullptr ? Status::kPeerError
                                                                    : Status::kError;
-  if (credit != nullptr) {
-    // Each lost credit leaves one remote write fewer that can complete: post it again.
-    if (credit_errors_.admit()) {
-      util::log().error("receive for remote CQ data failed, posted again: {}{}", text,
-                        credit_errors_.suffix());
-    }
-    credit->repost_credit(op);
-    return;
-  }
   if (op == nullptr || op->handler == nullptr) {
     if (orphan_errors_.admit()) {
       util::log().error("error completion without a context: {}{}", text, orphan_errors_.suffix());

@@ -2,14 +2,14 @@
 // NIC: a lane's progress is one read per NIC for its data rails, however many, and one for its
 // control rails, which RailSet::progress skips while data flows and control is quiet. (Below
 // us, rxm gives each endpoint a CQ of its own, so every read costs a poll() per endpoint bound.)
-// Completions route by context; remote writes, which carry no context of ours, go to the
-// queue's RemoteWriteHandler.
+// Completions route by context; the CQ data of remote writes goes to the queue's
+// RemoteWriteHandler. In FI_RX_CQ_DATA mode a remote write also completes the receive it
+// consumed (a rail's credit, see RxCqDataCredits), by that receive's context like any other.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "ofi/completion.hpp"
 #include "ofi/fid.hpp"
@@ -19,7 +19,6 @@ namespace loom::ofi {
 
 class Nic;
 struct NicAttributes;
-class Rail;
 
 // `wanted` entries, or the device's max_cq_entries where it is known and smaller (logged).
 [[nodiscard]] std::size_t clamp_cq_size(const NicAttributes& nic, std::size_t wanted);
@@ -36,27 +35,20 @@ class CompletionQueue {
 
   [[nodiscard]] fid_cq* get() const noexcept { return cq_.get(); }
   void set_remote_write_handler(RemoteWriteHandler* handler) noexcept { remote_writes_ = handler; }
-  // Rails bound to this queue: their FI_RX_CQ_DATA receives are recognised and reposted.
-  void attach(Rail& rail) { rails_.push_back(&rail); }
-  // A rail holds FI_RX_CQ_DATA credits the provider refused: the next progress posts them.
-  void credits_waiting() noexcept { credits_waiting_ = true; }
 
   // Reads up to kBatch completions and dispatches them; returns how many were handled.
   std::size_t progress();
 
  private:
   void read_error_entry();
-  Rail* credit_owner(const OpContext* op) const noexcept;
-  void retry_credits();
 
   Nic* nic_;
   FidPtr<fid_cq> cq_;
-  std::vector<Rail*> rails_;
+  // FI_RX_CQ_DATA mode: a remote write's op_context is the receive it consumed, else not ours.
+  bool rx_cq_data_;
   RemoteWriteHandler* remote_writes_ = nullptr;
   LogLimit read_errors_;    // fi_cq_read / fi_cq_readerr failing
   LogLimit orphan_errors_;  // error entries with no context to hand them to
-  LogLimit credit_errors_;  // FI_RX_CQ_DATA credits completing in error
-  bool credits_waiting_ = false;
 };
 
 }  // namespace loom::ofi

@@ -34,7 +34,7 @@ FlushBuffer::FlushBuffer(Rail& rail) : storage_(std::make_unique<std::byte[]>(kB
 FlushBuffer::~FlushBuffer() = default;
 
 Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, CompletionQueue* shared)
-    : nic_(&nic), role_(role), index_(index), depths_(depths), cq_(shared) {
+    : nic_(&nic), role_(role), index_(index), depths_(depths), credits_(*this), cq_(shared) {
   const std::string& provider = nic.attributes().provider;
   const std::string operation = "open " + describe(false);  // Error adds the provider
   std::lock_guard setup(nic.endpoint_setup_mutex());
@@ -56,7 +56,6 @@ Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, Comple
     own_cq_ = std::make_unique<CompletionQueue>(nic, depths_.tx + depths_.rx + kRxCqDataCredits);
     cq_ = own_cq_.get();
   }
-  cq_->attach(*this);
 
   fid_ep* endpoint = nullptr;
   if (int rc = fi_endpoint(nic.domain(), info.get(), &endpoint, nullptr); rc != 0) {
@@ -83,20 +82,13 @@ Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, Comple
   self_ = insert_peer(name_);
 
   flush_ = std::make_unique<FlushBuffer>(*this);
-  if (role_ == RailRole::kData && nic.attributes().rx_cq_data) post_rx_cq_data_credits();
+  if (role_ == RailRole::kData && nic.attributes().rx_cq_data) credits_.post_all();
   util::log().debug("opened {} (tx {}, rx {})", describe(), depths_.tx, depths_.rx);
 }
 
+// Posted receives hold contexts owned by this rail; cancel them before the endpoint closes.
 Rail::~Rail() {
-  // Posted receives hold contexts owned by this rail; cancel them before the endpoint closes.
-  // cancel() logs a failure; one the provider no longer holds has completed already. Credits
-  // waiting to be posted again are not posted: nothing to cancel.
-  for (auto& credit : rx_cq_data_credits_) {
-    if (std::find(credits_waiting_.begin(), credits_waiting_.end(), &credit) ==
-        credits_waiting_.end()) {
-      static_cast<void>(cancel(&credit));
-    }
-  }
+  credits_.cancel_posted();
 }
 
 std::string Rail::describe(bool with_provider) const {
@@ -130,17 +122,27 @@ Address Rail::insert_peer(std::span<const std::byte> address) {
   return peer;
 }
 
-void Rail::post_rx_cq_data_credits() {
-  rx_cq_data_credits_.resize(kRxCqDataCredits);
-  credits_waiting_.reserve(kRxCqDataCredits);  // repost_credit() never allocates
-  for (auto& credit : rx_cq_data_credits_) {
-    const Status s = recv(nullptr, 0, nullptr, &credit);
+void RxCqDataCredits::post_all() {
+  credits_.resize(kCount);
+  waiting_.reserve(kCount);  // repost() never allocates
+  for (auto& credit : credits_) {
+    credit.handler = this;
+    const Status s = rail_->recv(nullptr, 0, nullptr, &credit);
     if (s == Status::kRetry) {
-      credits_waiting_.push_back(&credit);
-      cq_->credits_waiting();
+      waiting_.push_back(&credit);
     } else if (s != Status::kOk) {
-      throw Error("open " + describe(false), nic_->attributes().provider, 0,
-                  "cannot post receives for FI_RX_CQ_DATA: " + last_error_);
+      throw Error("open " + rail_->describe(false), rail_->nic().attributes().provider, 0,
+                  "cannot post receives for FI_RX_CQ_DATA: " + rail_->last_error());
+    }
+  }
+}
+
+// cancel() logs a failure; one the provider no longer holds has completed already. Credits
+// waiting to be posted again are not posted: nothing to cancel.
+void RxCqDataCredits::cancel_posted() noexcept {
+  for (auto& credit : credits_) {
+    if (std::find(waiting_.begin(), waiting_.end(), &credit) == waiting_.end()) {
+      static_cast<void>(rail_->cancel(&credit));
     }
   }
 }

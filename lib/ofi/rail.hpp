@@ -55,10 +55,42 @@ class FlushBuffer {
   std::unique_ptr<MemoryRegistration> registration_;
 };
 
+// FI_RX_CQ_DATA (efa, verbs): remote CQ data consumes a posted receive, and the write's
+// completion carries that receive's context. A data rail keeps kCount empty receives (credits)
+// posted; each is an OpContext whose handler is this object, so the CQ routes it back here like
+// any other operation, and it is posted again at once. A credit the provider refuses
+// (back-pressure) waits until retry(); one that completes in error is logged and posted again:
+// each credit lost would leave one remote write fewer that can complete.
+class RxCqDataCredits final : public CompletionHandler {
+ public:
+  static constexpr std::size_t kCount = 64;
+
+  explicit RxCqDataCredits(Rail& rail) noexcept : rail_(&rail) {}
+  // Posts every credit. Throws loom::Error when the provider refuses one other than for
+  // back-pressure.
+  void post_all();
+  // Posts again the credits the provider refused; false while some still wait.
+  bool retry() { return waiting_.empty() || retry_waiting(); }
+  // Asks the provider to cancel the credits it holds (the rail is closing); they complete with
+  // kCancelled, which posts nothing.
+  void cancel_posted() noexcept;
+
+  void on_completion(OpContext& credit, const Completion& completion) override;
+
+ private:
+  void repost(OpContext& credit);
+  bool retry_waiting();
+
+  Rail* rail_;
+  std::vector<OpContext> credits_;
+  std::vector<OpContext*> waiting_;  // not posted: refused, to be posted again
+  LogLimit errors_;                  // credits completing in error
+};
+
 class Rail {
  public:
   // Receives kept posted for FI_RX_CQ_DATA providers: enough to cover a window of writes.
-  static constexpr std::size_t kRxCqDataCredits = 64;
+  static constexpr std::size_t kRxCqDataCredits = RxCqDataCredits::kCount;
 
   // Opens an endpoint on `nic`, binds it to `shared` (or a CQ of its own when null) and a new
   // AV, enables it and inserts its own address (for flush reads). Throws loom::Error.
@@ -114,20 +146,16 @@ class Rail {
   // queued, or it was never posted.
   Status cancel(OpContext* op) noexcept;
 
-  // Reads this rail's CQ once (and with it the other rails sharing it); returns completions
-  // handled.
-  std::size_t progress() { return cq_->progress(); }
+  // Posts again the FI_RX_CQ_DATA credits the provider refused (RxCqDataCredits); false while
+  // some still wait. The rail set calls it for its data rails before reading their CQs.
+  bool retry_credits() { return credits_.retry(); }
 
-  // FI_RX_CQ_DATA: whether `op` is one of this rail's credits (receives that remote CQ data
-  // consumes), and posting one again once consumed or failed. A credit the provider refuses
-  // (back-pressure or an error) is not lost: it waits, the CQ is told, and its next progress
-  // posts it again through retry_credits() (false while some still wait).
-  [[nodiscard]] bool owns_credit(const OpContext* op) const noexcept {
-    return !rx_cq_data_credits_.empty() && op >= rx_cq_data_credits_.data() &&
-           op < rx_cq_data_credits_.data() + rx_cq_data_credits_.size();
+  // Reads this rail's CQ once (and with it the other rails sharing it), after posting again
+  // this rail's refused credits; returns completions handled.
+  std::size_t progress() {
+    retry_credits();
+    return cq_->progress();
   }
-  void repost_credit(OpContext* op);
-  bool retry_credits();
 
   [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
   [[nodiscard]] std::span<const std::byte> flush_bytes() const noexcept {
@@ -136,22 +164,21 @@ class Rail {
 
  private:
   Status post_failed(const char* call, long rc);
-  void post_rx_cq_data_credits();
 
   Nic* nic_;
   RailRole role_;
   std::size_t index_;
   RailDepths depths_;
-  // Receives consumed by remote CQ data, for providers in FI_RX_CQ_DATA mode. Before the
-  // endpoint and the CQ: the provider may write into a posted context until both are closed.
-  std::vector<OpContext> rx_cq_data_credits_;
-  std::vector<OpContext*> credits_waiting_;  // not posted: refused, to be posted again
+  // Receives consumed by remote CQ data, for providers in FI_RX_CQ_DATA mode. Declared before
+  // the endpoint and the CQ, so destroyed after them: the provider may write into a posted
+  // context until both are closed.
+  RxCqDataCredits credits_;
   // Declaration order is teardown order, reversed: flush buffer MR, endpoint, own CQ, AV.
   FidPtr<fid_av> av_;
   std::unique_ptr<CompletionQueue> own_cq_;
   CompletionQueue* cq_;
   FidPtr<fid_ep> endpoint_;
-  std::unique_ptr<FlushBuffer> flush_;
+  std::unique_ptr<FlushBuffer> flush_;  // after the endpoint: its MR may be bound to it
   std::vector<std::byte> name_;
   Address self_ = 0;
   RailStats stats_;

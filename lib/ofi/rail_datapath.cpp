@@ -108,18 +108,27 @@ Status Rail::flush(const MemoryRegistration& registration, const void* address, 
               registration.remote_address(address), registration.key(index_), op);
 }
 
-// Remote writes stall once no credit is posted, so a refused one must come back.
-void Rail::repost_credit(OpContext* op) {
-  if (recv(nullptr, 0, nullptr, op) == Status::kOk) [[likely]]
-    return;
-  credits_waiting_.push_back(op);  // capacity reserved for every credit
-  cq_->credits_waiting();
+// The remote write's CQ data goes to the CQ's RemoteWriteHandler; the credit only comes back.
+void RxCqDataCredits::on_completion(OpContext& credit, const Completion& completion) {
+  if (completion.status == Status::kCancelled) return;  // the rail is closing
+  if (completion.status != Status::kOk && errors_.admit()) {
+    util::log().error("receive for remote CQ data failed, posted again: {}{}",
+                      completion.error_text, errors_.suffix());
+  }
+  repost(credit);
 }
 
-bool Rail::retry_credits() {
-  while (!credits_waiting_.empty()) {
-    if (recv(nullptr, 0, nullptr, credits_waiting_.back()) != Status::kOk) return false;
-    credits_waiting_.pop_back();
+// Remote writes stall once no credit is posted, so a refused one must come back.
+void RxCqDataCredits::repost(OpContext& credit) {
+  if (rail_->recv(nullptr, 0, nullptr, &credit) == Status::kOk) [[likely]]
+    return;
+  waiting_.push_back(&credit);  // capacity reserved for every credit
+}
+
+bool RxCqDataCredits::retry_waiting() {
+  while (!waiting_.empty()) {
+    if (rail_->recv(nullptr, 0, nullptr, waiting_.back()) != Status::kOk) return false;
+    waiting_.pop_back();
   }
   return true;
 }

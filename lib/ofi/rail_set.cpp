@@ -106,6 +106,9 @@ RailSet::~RailSet() {
 }
 
 std::size_t RailSet::progress() {
+  // Credits the provider refused (FI_RX_CQ_DATA back-pressure) are posted again first: remote
+  // writes stall while none is posted. Only data rails hold credits.
+  for (std::size_t i = 0; i < data_rails_; ++i) rails_[i]->retry_credits();
   std::size_t handled = 0;
   for (std::size_t i = 0; i < data_cqs_; ++i) handled += cqs_[i]->progress();
   if (handled != 0 && control_skips_left_ > 0) {

@@ -54,12 +54,13 @@ class RailSet {
   // The longest single transfer every data rail's provider takes (ep_attr->max_msg_size).
   [[nodiscard]] std::size_t max_msg_size() const noexcept { return max_msg_size_; }
 
-  // Reads the data CQs (one per NIC) once, and the control CQs unless data completions came and
-  // the control CQs were empty on one of the last kIdleControlSkips reads; returns completions
-  // handled. On rxm every endpoint has a CQ of its own below ours, and reading an idle one is a
-  // poll() and a clock read that a receiver of bulk data need not pay on every call (README,
-  // Performance). A control message waits at most kIdleControlSkips calls, each of which found
-  // data, and is read at once whenever no data came.
+  // Posts again the data rails' refused FI_RX_CQ_DATA credits, then reads the data CQs (one per
+  // NIC) once, and the control CQs unless data completions came and the control CQs were empty
+  // on one of the last kIdleControlSkips reads; returns completions handled. On rxm every
+  // endpoint has a CQ of its own below ours, and reading an idle one is a poll() and a clock read
+  // that a receiver of bulk data need not pay on every call (README, Performance). A control
+  // message waits at most kIdleControlSkips calls, each of which found data, and is read at once
+  // whenever no data came.
   std::size_t progress();
   static constexpr unsigned kIdleControlSkips = 8;
   // Remote writes arriving on any of the set's rails go to `handler`.
