@@ -26,13 +26,6 @@ constexpr std::size_t kAvCount = 16;
 
 }  // namespace
 
-FlushBuffer::FlushBuffer(Rail& rail) : storage_(std::make_unique<std::byte[]>(kBytes)) {
-  Rail* rails[] = {&rail};
-  registration_ = std::make_unique<MemoryRegistration>(rails, storage_.get(), kBytes);
-}
-
-FlushBuffer::~FlushBuffer() = default;
-
 Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, CompletionQueue* shared)
     : nic_(&nic), role_(role), index_(index), depths_(depths), credits_(*this), cq_(shared) {
   const std::string& provider = nic.attributes().provider;

@@ -15,12 +15,12 @@
 #include "ofi/completion.hpp"
 #include "ofi/completion_queue.hpp"
 #include "ofi/fid.hpp"
+#include "ofi/flush_buffer.hpp"
 #include "ofi/log_limit.hpp"
 
 namespace loom::ofi {
 
 class Nic;
-class MemoryRegistration;
 class Rail;
 
 enum class RailRole : std::uint8_t { kData, kControl };
@@ -37,22 +37,6 @@ struct RailStats {
   std::uint64_t bytes_sent = 0;     // tagged and untagged sends
   std::uint64_t bytes_written = 0;  // RMA writes
   std::uint64_t bytes_read = 0;     // RMA reads (flushes included)
-};
-
-// Each endpoint owns a small registered buffer. A flush reads a few bytes of the last received
-// buffer into it through this endpoint: the read cannot complete before earlier PCIe writes of
-// the NIC into GPU memory are visible (GPUDirect RDMA ordering).
-class FlushBuffer {
- public:
-  static constexpr std::size_t kBytes = 64;
-  explicit FlushBuffer(Rail& rail);
-  ~FlushBuffer();
-  [[nodiscard]] std::byte* data() noexcept { return storage_.get(); }
-  [[nodiscard]] const MemoryRegistration& registration() const noexcept { return *registration_; }
-
- private:
-  std::unique_ptr<std::byte[]> storage_;
-  std::unique_ptr<MemoryRegistration> registration_;
 };
 
 // FI_RX_CQ_DATA (efa, verbs): remote CQ data consumes a posted receive, and the write's
