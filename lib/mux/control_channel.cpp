@@ -55,9 +55,10 @@ ControlChannel::ControlChannel(std::span<ofi::Rail* const> rails, ControlSink& s
       rx_per_rail_(receive_slots(rails)),
       rx_slab_(std::make_unique<std::byte[]>(rails.size() * rx_per_rail_ * kMaxControlMessage)),
       tx_slab_(std::make_unique<std::byte[]>(kTxSlots * kMaxControlMessage)) {
+  const std::vector<ofi::RegistrationTarget> targets = ofi::registration_targets(rails_);
   rx_registration_ = std::make_unique<ofi::MemoryRegistration>(
-      rails_, rx_slab_.get(), rails.size() * rx_per_rail_ * kMaxControlMessage);
-  tx_registration_ = std::make_unique<ofi::MemoryRegistration>(rails_, tx_slab_.get(),
+      targets, rx_slab_.get(), rails.size() * rx_per_rail_ * kMaxControlMessage);
+  tx_registration_ = std::make_unique<ofi::MemoryRegistration>(targets, tx_slab_.get(),
                                                                kTxSlots * kMaxControlMessage);
   rx_slots_.resize(rails.size() * rx_per_rail_);
   reposts_.reserve(rx_slots_.size());

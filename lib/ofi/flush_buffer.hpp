@@ -11,15 +11,13 @@
 
 namespace loom::ofi {
 
-class Rail;
-
 class FlushBuffer {
  public:
   static constexpr std::size_t kBytes = 64;
 
-  // Registers the buffer on `rail` alone (bound to its endpoint under FI_MR_ENDPOINT, so the
-  // endpoint must be enabled and outlive this). Throws loom::Error.
-  explicit FlushBuffer(Rail& rail);
+  // Registers the buffer on `target`'s rail alone (bound to its endpoint under FI_MR_ENDPOINT,
+  // so the endpoint must be enabled and outlive this). Throws loom::Error.
+  explicit FlushBuffer(const RegistrationTarget& target);
   ~FlushBuffer();
   FlushBuffer(const FlushBuffer&) = delete;
   FlushBuffer& operator=(const FlushBuffer&) = delete;

@@ -15,7 +15,6 @@
 #include "ofi/error.hpp"
 #include "ofi/mr_attributes.hpp"
 #include "ofi/nic.hpp"
-#include "ofi/rail.hpp"
 #include "util/cuda_driver.hpp"
 #include "util/log.hpp"
 
@@ -99,11 +98,12 @@ FidPtr<fid_mr> MemoryRegistration::register_on(Nic& nic, Source& source, const s
   return std::move(mr);
 }
 
-MemoryRegistration::MemoryRegistration(std::span<Rail* const> rails, const void* base,
-                                       std::size_t length, MemoryType type, int device)
+MemoryRegistration::MemoryRegistration(std::span<const RegistrationTarget> targets,
+                                       const void* base, std::size_t length, MemoryType type,
+                                       int device)
     : base_(base), length_(length), type_(type), device_(device) {
-  std::string provider = rails.empty() ? "" : rails.front()->nic().attributes().provider;
-  if (rails.empty()) throw Error("register memory", "", FI_EINVAL, "no rails to register on");
+  std::string provider = targets.empty() ? "" : targets.front().nic->attributes().provider;
+  if (targets.empty()) throw Error("register memory", "", FI_EINVAL, "no rails to register on");
   if (base == nullptr) {
     throw Error("register memory", provider, FI_EINVAL,
                 "null address (" + std::to_string(length) + " bytes)");
@@ -117,39 +117,40 @@ MemoryRegistration::MemoryRegistration(std::span<Rail* const> rails, const void*
                 "device memory needs a loom built with -Dcuda=enabled");
   }
   Source source{base, length, type, device, nullptr, std::nullopt, false};
-  check_memory(rails, source, provider);
-  const NicAttributes& attributes = rails.front()->nic().attributes();
+  check_memory(targets, source, provider);
+  const NicAttributes& attributes = targets.front().nic->attributes();
   virt_addr_ = attributes.virt_addr;
   std::size_t max_index = 0;
-  for (Rail* rail : rails) max_index = std::max(max_index, rail->index());
+  for (const RegistrationTarget& target : targets) max_index = std::max(max_index, target.index);
   slots_.resize(max_index + 1);
 
   if (attributes.endpoint_mr) {
     // One registration per endpoint: register, bind to the endpoint, enable. Only then does the
     // provider give a key (FI_MR_PROV_KEY) and accept the descriptor on that endpoint.
-    for (Rail* rail : rails) {
-      auto mr = register_on(rail->nic(), source, rail->describe());
-      if (int rc = fi_mr_bind(mr.get(), &rail->endpoint()->fid, 0); rc != 0) {
-        throw_fi_error("register memory", "fi_mr_bind", provider, rc, rail->describe());
+    for (const RegistrationTarget& target : targets) {
+      const std::string where(target.name);
+      auto mr = register_on(*target.nic, source, where);
+      if (int rc = fi_mr_bind(mr.get(), &target.endpoint->fid, 0); rc != 0) {
+        throw_fi_error("register memory", "fi_mr_bind", provider, rc, where);
       }
       if (int rc = fi_mr_enable(mr.get()); rc != 0) {
-        throw_fi_error("register memory", "fi_mr_enable", provider, rc, rail->describe());
+        throw_fi_error("register memory", "fi_mr_enable", provider, rc, where);
       }
-      slots_[rail->index()] = Slot{fi_mr_desc(mr.get()), fi_mr_key(mr.get()), true};
+      slots_[target.index] = Slot{fi_mr_desc(mr.get()), fi_mr_key(mr.get()), true};
       mrs_.push_back(std::move(mr));
     }
   } else {
     // One registration per domain, shared by every rail on that NIC.
     std::vector<std::pair<Nic*, std::size_t>> by_nic;  // NIC -> index into mrs_
-    for (Rail* rail : rails) {
+    for (const RegistrationTarget& target : targets) {
       auto it = std::find_if(by_nic.begin(), by_nic.end(),
-                             [&](const auto& entry) { return entry.first == &rail->nic(); });
+                             [&](const auto& entry) { return entry.first == target.nic; });
       if (it == by_nic.end()) {
-        mrs_.push_back(register_on(rail->nic(), source, rail->describe()));
-        it = by_nic.insert(by_nic.end(), {&rail->nic(), mrs_.size() - 1});
+        mrs_.push_back(register_on(*target.nic, source, std::string(target.name)));
+        it = by_nic.insert(by_nic.end(), {target.nic, mrs_.size() - 1});
       }
       fid_mr* mr = mrs_[it->second].get();
-      slots_[rail->index()] = Slot{fi_mr_desc(mr), fi_mr_key(mr), true};
+      slots_[target.index] = Slot{fi_mr_desc(mr), fi_mr_key(mr), true};
     }
   }
   for (const Slot& slot : slots_) {
@@ -163,7 +164,7 @@ MemoryRegistration::MemoryRegistration(std::span<Rail* const> rails, const void*
 // CUDA memory needs a driver, must be what it is said to be, and needs NICs with FI_HMEM; host
 // memory is checked against the driver only where the process has it loaded already (an
 // application that uses CUDA), so a host-only program never loads it.
-void MemoryRegistration::check_memory(std::span<Rail* const> rails, Source& source,
+void MemoryRegistration::check_memory(std::span<const RegistrationTarget> targets, Source& source,
                                       const std::string& provider) {
   const std::string region = region_text(source.base, source.length);
   if (source.type == MemoryType::kCuda) {
@@ -182,8 +183,8 @@ void MemoryRegistration::check_memory(std::span<Rail* const> rails, Source& sour
     if (!mismatch.empty()) throw Error("register memory", provider, FI_EINVAL, mismatch);
   }
   if (source.type != MemoryType::kCuda) return;
-  for (Rail* rail : rails) {
-    const NicAttributes& attributes = rail->nic().attributes();
+  for (const RegistrationTarget& target : targets) {
+    const NicAttributes& attributes = target.nic->attributes();
     if (!attributes.device_memory) {
       throw Error("register memory", provider, FI_EOPNOTSUPP,
                   region + " is CUDA memory, but NIC " + attributes.domain +

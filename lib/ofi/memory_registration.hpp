@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/memory.hpp"
@@ -16,15 +17,25 @@
 namespace loom::ofi {
 
 class Nic;
-class Rail;
+
+// What a registration needs of one rail: its NIC (the domain), its endpoint (bound and enabled
+// under FI_MR_ENDPOINT), its index (desc(index), key(index)) and a name for errors. Rail makes
+// one (Rail::registration_target, registration_targets in rail.hpp); this header needs no Rail.
+// The NIC, the endpoint and the name's storage must outlive the registration.
+struct RegistrationTarget {
+  Nic* nic = nullptr;
+  fid_ep* endpoint = nullptr;
+  std::size_t index = 0;
+  std::string_view name;
+};
 
 class MemoryRegistration {
  public:
-  // Registers [base, base + length) on every rail in `rails` (indexed by Rail::index()). The
-  // rails must outlive the registration; RailSet's declaration order guarantees it. Throws
-  // loom::Error naming the rail, provider and fi_strerror text.
-  MemoryRegistration(std::span<Rail* const> rails, const void* base, std::size_t length,
-                     MemoryType type = MemoryType::kHost, int device = 0);
+  // Registers [base, base + length) on every target in `targets` (indexed by their index). The
+  // rails behind them must outlive the registration; RailSet's declaration order guarantees it.
+  // Throws loom::Error naming the rail, provider and fi_strerror text.
+  MemoryRegistration(std::span<const RegistrationTarget> targets, const void* base,
+                     std::size_t length, MemoryType type = MemoryType::kHost, int device = 0);
   ~MemoryRegistration();
   MemoryRegistration(const MemoryRegistration&) = delete;
   MemoryRegistration& operator=(const MemoryRegistration&) = delete;
@@ -58,7 +69,7 @@ class MemoryRegistration {
 
  private:
   struct Source;
-  static void check_memory(std::span<Rail* const> rails, Source& source,
+  static void check_memory(std::span<const RegistrationTarget> targets, Source& source,
                            const std::string& provider);
   FidPtr<fid_mr> register_on(Nic& nic, Source& source, const std::string& where);
 

@@ -17,8 +17,8 @@
 
 namespace loom::ofi {
 
-MrCache::MrCache(std::span<Rail* const> rails, std::size_t soft_bound)
-    : rails_(rails.begin(), rails.end()),
+MrCache::MrCache(std::span<const RegistrationTarget> targets, std::size_t soft_bound)
+    : targets_(targets.begin(), targets.end()),
       soft_bound_(soft_bound),
       page_size_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))) {}
 
@@ -51,8 +51,8 @@ MemoryRegistration& MrCache::acquire(const void* pointer, std::size_t length, Me
   // Registers the caller's exact range when it is invalid, so the error names it.
   auto registration =
       pointer == nullptr || length == 0
-          ? std::make_unique<MemoryRegistration>(rails_, pointer, length, type, device)
-          : std::make_unique<MemoryRegistration>(rails_, reinterpret_cast<const void*>(start),
+          ? std::make_unique<MemoryRegistration>(targets_, pointer, length, type, device)
+          : std::make_unique<MemoryRegistration>(targets_, reinterpret_cast<const void*>(start),
                                                  end - start, type, device);
   MemoryRegistration& result = *registration;
   stats_.registrations += result.registrations();

@@ -17,8 +17,6 @@
 
 namespace loom::ofi {
 
-class Rail;
-
 struct MrCacheStats {
   std::uint64_t hits = 0;         // acquires that shared a registration already in use
   std::uint64_t misses = 0;       // acquires that registered
@@ -33,7 +31,7 @@ struct MrCacheStats {
 class MrCache {
  public:
   // `soft_bound`: above this many entries (all in use) a debug line says so; nothing is refused.
-  MrCache(std::span<Rail* const> rails, std::size_t soft_bound);
+  MrCache(std::span<const RegistrationTarget> targets, std::size_t soft_bound);
   ~MrCache();
   MrCache(const MrCache&) = delete;
   MrCache& operator=(const MrCache&) = delete;
@@ -58,7 +56,7 @@ class MrCache {
 
   static Key key_of(const MemoryRegistration& registration);
 
-  std::vector<Rail*> rails_;
+  std::vector<RegistrationTarget> targets_;
   std::size_t soft_bound_;
   std::size_t page_size_;
   std::map<Key, Entry> entries_;

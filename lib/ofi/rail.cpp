@@ -27,7 +27,13 @@ constexpr std::size_t kAvCount = 16;
 }  // namespace
 
 Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, CompletionQueue* shared)
-    : nic_(&nic), role_(role), index_(index), depths_(depths), credits_(*this), cq_(shared) {
+    : nic_(&nic),
+      role_(role),
+      index_(index),
+      depths_(depths),
+      description_(describe()),
+      credits_(*this),
+      cq_(shared) {
   const std::string& provider = nic.attributes().provider;
   const std::string operation = "open " + describe(false);  // Error adds the provider
   std::lock_guard setup(nic.endpoint_setup_mutex());
@@ -74,7 +80,7 @@ Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, Comple
   name_.resize(name_length);
   self_ = insert_peer(name_);
 
-  flush_ = std::make_unique<FlushBuffer>(*this);
+  flush_ = std::make_unique<FlushBuffer>(registration_target());
   if (role_ == RailRole::kData && nic.attributes().rx_cq_data) credits_.post_all();
   util::log().debug("opened {} (tx {}, rx {})", describe(), depths_.tx, depths_.rx);
 }
@@ -88,6 +94,13 @@ std::string Rail::describe(bool with_provider) const {
   std::string text = std::string(role_ == RailRole::kData ? "data" : "control") + " rail " +
                      std::to_string(index_) + " on " + nic_->attributes().domain;
   return with_provider ? text + " [" + nic_->attributes().provider + "]" : text;
+}
+
+std::vector<RegistrationTarget> registration_targets(std::span<Rail* const> rails) {
+  std::vector<RegistrationTarget> targets;
+  targets.reserve(rails.size());
+  for (const Rail* rail : rails) targets.push_back(rail->registration_target());
+  return targets;
 }
 
 Address Rail::insert_peer(std::span<const std::byte> address) {

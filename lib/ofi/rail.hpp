@@ -93,6 +93,11 @@ class Rail {
   [[nodiscard]] const RailStats& stats() const noexcept { return stats_; }
   // "data rail 1 on lo [tcp;ofi_rxm]"; without the provider for loom::Error, which adds it.
   [[nodiscard]] std::string describe(bool with_provider = true) const;
+  // What MemoryRegistration needs of this rail: NIC, endpoint, index and name (describe()).
+  // Valid as long as the rail.
+  [[nodiscard]] RegistrationTarget registration_target() const noexcept {
+    return RegistrationTarget{nic_, endpoint_.get(), index_, description_};
+  }
 
   // Peers. Throws loom::Error on a malformed address.
   Address insert_peer(std::span<const std::byte> address);
@@ -153,6 +158,7 @@ class Rail {
   RailRole role_;
   std::size_t index_;
   RailDepths depths_;
+  std::string description_;  // describe(): the name registrations give in their errors
   // Receives consumed by remote CQ data, for providers in FI_RX_CQ_DATA mode. Declared before
   // the endpoint and the CQ, so destroyed after them: the provider may write into a posted
   // context until both are closed.
@@ -169,5 +175,9 @@ class Rail {
   std::string last_error_;
   LogLimit post_errors_;
 };
+
+// The registration targets of `rails`, in order, for MemoryRegistration and MrCache. The rails
+// must outlive what is registered through them.
+[[nodiscard]] std::vector<RegistrationTarget> registration_targets(std::span<Rail* const> rails);
 
 }  // namespace loom::ofi

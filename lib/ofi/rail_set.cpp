@@ -93,7 +93,8 @@ RailSet::RailSet(const RailPlacement& placement, const RailSetShape& shape)
                                             i, depths[i], cqs_[cq_of[i]].get()));
     rail_pointers_.push_back(rails_.back().get());
   }
-  mr_cache_ = std::make_unique<MrCache>(rail_pointers_, shape.mr_cache_entries);
+  mr_cache_ =
+      std::make_unique<MrCache>(registration_targets(rail_pointers_), shape.mr_cache_entries);
 }
 
 // Registrations bound to the endpoints (FI_MR_ENDPOINT) close before them. Others close after

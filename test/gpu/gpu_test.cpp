@@ -67,8 +67,8 @@ std::string device_memory_refused() {
           CudaBuffer device(0, 4096);
           expect_error(
               [&] {
-                ofi::MemoryRegistration(fabric.rails->rails(), device.data(), 4096,
-                                        MemoryType::kCuda, 0);
+                ofi::MemoryRegistration(ofi::registration_targets(fabric.rails->rails()),
+                                        device.data(), 4096, MemoryType::kCuda, 0);
               },
               "has no device-memory support");
         }
@@ -238,8 +238,8 @@ TEST_CASE("gpu: registration goes through a dmabuf exactly where everything allo
       for (auto& nic : nics) pointers.push_back(nic.get());
       ofi::RailSet rails(pointers, ofi::RailSetShape{.data_rails = 2, .control_rails = 1});
       TestBuffer buffer(std::size_t{4} << 20);
-      ofi::MemoryRegistration registration(rails.rails(), buffer.data(), buffer.size(),
-                                           buffer.type(), buffer.device());
+      ofi::MemoryRegistration registration(ofi::registration_targets(rails.rails()), buffer.data(),
+                                           buffer.size(), buffer.type(), buffer.device());
       if (host_mode()) {
         require(!registration.through_dmabuf(), "host memory registered through a dmabuf");
         return;
@@ -276,19 +276,21 @@ TEST_CASE("gpu: memory registered as what it is not is refused", "[gpu]") {
     std::vector<std::byte> host(65536);
     expect_error(
         [&] {
-          ofi::MemoryRegistration(fabric.rails->rails(), device.data(), 4096, MemoryType::kHost);
+          ofi::MemoryRegistration(ofi::registration_targets(fabric.rails->rails()), device.data(),
+                                  4096, MemoryType::kHost);
         },
         "registered as host memory");
     expect_error(
         [&] {
-          ofi::MemoryRegistration(fabric.rails->rails(), host.data(), 4096, MemoryType::kCuda, 0);
+          ofi::MemoryRegistration(ofi::registration_targets(fabric.rails->rails()), host.data(),
+                                  4096, MemoryType::kCuda, 0);
         },
         "is host memory but was registered as CUDA device memory");
     if (cuda_devices().size() > 1) {
       expect_error(
           [&] {
-            ofi::MemoryRegistration(fabric.rails->rails(), device.data(), 4096, MemoryType::kCuda,
-                                    1);
+            ofi::MemoryRegistration(ofi::registration_targets(fabric.rails->rails()), device.data(),
+                                    4096, MemoryType::kCuda, 1);
           },
           "lies on CUDA device 0");
     }

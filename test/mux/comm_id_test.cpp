@@ -98,7 +98,8 @@ TEST_CASE("mux ids of closed communicators are not reused soon and their traffic
 
   // A late rendezvous write still addressed to the closed id: its CQ data reaches no one.
   std::vector<std::byte> target(64);
-  ofi::MemoryRegistration registration(lane.rails().rails(), target.data(), target.size());
+  ofi::MemoryRegistration registration(ofi::registration_targets(lane.rails().rails()),
+                                       target.data(), target.size());
   ofi::Rail& data = lane.rails().data(0);
   const ofi::Address self_data = lane.peer_address(0, data.address());
   WriteDone write;

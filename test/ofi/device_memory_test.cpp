@@ -225,12 +225,13 @@ TEST_CASE("device memory: each NIC says whether it takes device memory, and why 
   }
   std::vector<std::byte> buffer(4096);
   // Host memory where no driver is loaded: registered as before.
-  ofi::MemoryRegistration host(fabric.rails->rails(), buffer.data(), buffer.size());
+  ofi::MemoryRegistration host(ofi::registration_targets(fabric.rails->rails()), buffer.data(),
+                               buffer.size());
   CHECK_FALSE(host.through_dmabuf());
   // CUDA memory claimed for a host buffer: refused, naming why (no CUDA in the build, no
   // driver, no device memory on the NIC, or the pointer is host memory).
-  CHECK_THROWS_WITH(ofi::MemoryRegistration(fabric.rails->rails(), buffer.data(), buffer.size(),
-                                            MemoryType::kCuda, 0),
+  CHECK_THROWS_WITH(ofi::MemoryRegistration(ofi::registration_targets(fabric.rails->rails()),
+                                            buffer.data(), buffer.size(), MemoryType::kCuda, 0),
                     Catch::Contains("CUDA", Catch::CaseSensitive::No));
 }
 

@@ -223,7 +223,8 @@ TEST_CASE("rail key used after deregistration is refused", "[pair]") {
         std::vector<std::byte> target(kMessage);
         WriteTarget where{};
         {
-          ofi::MemoryRegistration registration(set.rails(), target.data(), target.size());
+          ofi::MemoryRegistration registration(ofi::registration_targets(set.rails()),
+                                               target.data(), target.size());
           where.address[0] = registration.remote_address(target.data());
           where.key[0] = registration.key(0);
         }  // deregistered before the peer writes

@@ -45,7 +45,8 @@ TEST_CASE("registration: once per domain, or once per endpoint under FI_MR_ENDPO
   TestFabric fabric(2, 1);
   REQUIRE(fabric.nic().endpoint_mr == expect_endpoint_mr());
   std::vector<std::byte> buffer(100000);
-  ofi::MemoryRegistration registration(fabric.rails->rails(), buffer.data(), buffer.size());
+  ofi::MemoryRegistration registration(ofi::registration_targets(fabric.rails->rails()),
+                                       buffer.data(), buffer.size());
   if (fabric.nic().endpoint_mr) {
     CHECK(registration.registrations() == 3);  // 2 data + 1 control endpoint
   } else {
@@ -114,18 +115,18 @@ TEST_CASE("teardown: the provider refuses an endpoint closed before its MRs", "[
   if (!expect_endpoint_mr()) return;
   // The wrong order, built on purpose in a child (it leaks the endpoint the provider refused to
   // close): proves that the provider enforces what the owners above guarantee.
-  auto failure =
-      run_pair([](Channel&) {},
-               [](Channel&) {
-                 LogCapture capture;
-                 std::vector<std::byte> buffer(4096);
-                 auto fabric = std::make_unique<TestFabric>(1, 1);
-                 auto registration = std::make_unique<ofi::MemoryRegistration>(
-                     fabric->rails->rails(), buffer.data(), buffer.size());
-                 fabric->rails.reset();  // endpoints first: wrong
-                 require(capture.text().find("fi_close(endpoint) failed") != std::string::npos,
-                         "closing an endpoint with bound MRs was not refused: " + capture.text());
-               });
+  auto failure = run_pair(
+      [](Channel&) {},
+      [](Channel&) {
+        LogCapture capture;
+        std::vector<std::byte> buffer(4096);
+        auto fabric = std::make_unique<TestFabric>(1, 1);
+        auto registration = std::make_unique<ofi::MemoryRegistration>(
+            ofi::registration_targets(fabric->rails->rails()), buffer.data(), buffer.size());
+        fabric->rails.reset();  // endpoints first: wrong
+        require(capture.text().find("fi_close(endpoint) failed") != std::string::npos,
+                "closing an endpoint with bound MRs was not refused: " + capture.text());
+      });
   INFO(failure);
   REQUIRE(failure.empty());
 }
@@ -141,10 +142,10 @@ TEST_CASE("completion queue sizes are clamped to the device's limit where it is 
 TEST_CASE("bad input: registrations and rail counts", "[local]") {
   TestFabric fabric(1, 1);
   std::vector<std::byte> buffer(64);
-  auto rails = fabric.rails->rails();
-  CHECK_THROWS_WITH(ofi::MemoryRegistration(rails, nullptr, 64),
+  const auto targets = ofi::registration_targets(fabric.rails->rails());
+  CHECK_THROWS_WITH(ofi::MemoryRegistration(targets, nullptr, 64),
                     Catch::Contains("register memory") && Catch::Contains("null address"));
-  CHECK_THROWS_WITH(ofi::MemoryRegistration(rails, buffer.data(), 0),
+  CHECK_THROWS_WITH(ofi::MemoryRegistration(targets, buffer.data(), 0),
                     Catch::Contains("zero-length region"));
   CHECK_THROWS_WITH(fabric.rails->mr_cache().acquire(buffer.data(), 0),
                     Catch::Contains("zero-length region"));
@@ -154,7 +155,7 @@ TEST_CASE("bad input: registrations and rail counts", "[local]") {
   CHECK_THROWS_WITH(
       ofi::RailSet(fabric.nic_pointers, ofi::RailSetShape{.data_rails = 1, .control_rails = 0}),
       Catch::Contains("one control rail"));
-  CHECK_THROWS_WITH(ofi::MemoryRegistration(rails, buffer.data(), 64, MemoryType::kCuda),
+  CHECK_THROWS_WITH(ofi::MemoryRegistration(targets, buffer.data(), 64, MemoryType::kCuda),
                     Catch::Contains("cuda", Catch::CaseSensitive::No));
 }
 
