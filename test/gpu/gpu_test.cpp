@@ -147,17 +147,6 @@ void send_sizes(Channel& channel, Transfer how) {
   channel.barrier();
 }
 
-// Bytes read (flushes) by each data rail of this process's receive lane.
-std::vector<std::uint64_t> data_rail_reads(const Context& context) {
-  std::vector<std::uint64_t> reads;
-  for (const auto& lane : context.stats().lanes) {
-    if (lane.send) continue;
-    for (const auto& rail : lane.rails)
-      if (rail.data) reads.push_back(rail.bytes_read);
-  }
-  return reads;
-}
-
 }  // namespace
 
 TEST_CASE("gpu: device buffers move over p2p, every byte verified, then flushed", "[gpu]") {

@@ -54,6 +54,12 @@ struct PostedReceive {
     RecvBuffer target{buffer.data(), buffer.size(), 1, region};
     require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
   }
+  // Tests the receive for `how_long`, or until it finished, while the data flows.
+  void test_for(std::chrono::milliseconds how_long) {
+    bool done = false;
+    const auto until = std::chrono::steady_clock::now() + how_long;
+    while (!done && std::chrono::steady_clock::now() < until) (void)in->test(receive, done, {});
+  }
 };
 
 // Receives one 64 MiB message from a sender that kills itself once its writes are posted.
@@ -123,11 +129,7 @@ TEST_CASE("p2p a sender killed during a 64 MiB rendezvous never yields kOk for m
 void dying_receiver(Channel& channel) {
   std::vector<std::byte> buffer(kHuge);
   PostedReceive posted(channel, buffer);
-  bool done = false;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  while (!done && std::chrono::steady_clock::now() < until) {
-    (void)posted.in->test(posted.receive, done, {});
-  }
+  posted.test_for(std::chrono::milliseconds(200));
   std::fflush(nullptr);
   ::raise(SIGKILL);
 }
@@ -181,11 +183,7 @@ TEST_CASE("p2p a receiver killed with a 64 MiB send in flight ends the send with
 void closing_receiver(Channel& channel) {
   std::vector<std::byte> buffer(kHuge);
   PostedReceive posted(channel, buffer);
-  bool done = false;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  while (!done && std::chrono::steady_clock::now() < until) {
-    (void)posted.in->test(posted.receive, done, {});
-  }
+  posted.test_for(std::chrono::milliseconds(200));
   posted.in->close();
   channel.send_value(1);
   std::unique_ptr<RecvComm> again = accept_one(posted.listener, 20s);

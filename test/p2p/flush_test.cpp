@@ -11,17 +11,6 @@
 namespace loom::test {
 namespace {
 
-// Bytes read (flushes) by each data rail of this process's receive lanes.
-std::vector<std::uint64_t> data_rail_reads(const Context& context) {
-  std::vector<std::uint64_t> reads;
-  for (const auto& lane : context.stats().lanes) {
-    if (lane.send) continue;
-    for (const auto& rail : lane.rails)
-      if (rail.data) reads.push_back(rail.bytes_read);
-  }
-  return reads;
-}
-
 void flush_receiver(Channel& channel, unsigned rails) {
   constexpr std::size_t kSize = std::size_t{1} << 20;
   Config config = test_config(rails);

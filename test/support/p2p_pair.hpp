@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -78,6 +79,17 @@ inline std::size_t finish(Communicator& comm, Request* request, Status expect = 
   require(status == expect, "request status " + std::string(to_string(status)) + ", expected " +
                                 std::string(to_string(expect)) + ": " + comm.last_error());
   return size;
+}
+
+// Bytes read (iflush's reads) by each data rail of this process's receive lanes.
+inline std::vector<std::uint64_t> data_rail_reads(const Context& context) {
+  std::vector<std::uint64_t> reads;
+  for (const auto& lane : context.stats().lanes) {
+    if (lane.send) continue;
+    for (const auto& rail : lane.rails)
+      if (rail.data) reads.push_back(rail.bytes_read);
+  }
+  return reads;
 }
 
 // One message each way between the two comms of a rank, verified.
