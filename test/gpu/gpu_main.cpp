@@ -7,13 +7,10 @@
 #include <catch2/catch.hpp>
 
 #include "gpu/gpu_support.hpp"
+#include "support/loopback_default.hpp"
 
 int main(int argc, char** argv) {
-  if (std::getenv("LOOM_PROVIDER") == nullptr) {
-    setenv("LOOM_PROVIDER", "tcp", 1);
-    setenv("LOOM_NICS", "lo", 1);
-    setenv("FI_PROVIDER", "tcp", 1);
-  }
+  loom::test::default_to_loopback_tcp();
   const std::string missing = loom::test::gpu_missing();
   if (!missing.empty()) {
     std::printf("SKIPPED: no GPU to test device memory on: %s\n", missing.c_str());

@@ -1,15 +1,12 @@
-// Catch2's main, plus one safety net: a test binary run by hand without the meson matrix's
-// environment uses tcp on the loopback interface, never the first interface libfabric lists.
+// Catch2's main, with the loopback default for a binary run by hand (loopback_default.hpp).
 #define CATCH_CONFIG_RUNNER
 #include <cstdlib>
 
 #include <catch2/catch.hpp>
 
+#include "loopback_default.hpp"
+
 int main(int argc, char** argv) {
-  if (std::getenv("LOOM_PROVIDER") == nullptr) {
-    setenv("LOOM_PROVIDER", "tcp", 1);
-    setenv("LOOM_NICS", "lo", 1);
-    setenv("FI_PROVIDER", "tcp", 1);
-  }
+  loom::test::default_to_loopback_tcp();
   return Catch::Session().run(argc, argv);
 }
