@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fi_p2p_bw: %s (try --help)\n", e.what());
     return 2;
   }
+  loom::bench::apply_provider_settings(options);
   if (options.loopback) return run_loopback(options);
   pin_to(options.pin_cores, 0);
   try {

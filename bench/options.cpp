@@ -114,6 +114,9 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   std::string device = "host";
   app.add_option("--device", device,
                  "message buffers in host memory or on a GPU: host, cuda or cuda:N (default host)");
+  bool no_provider_settings = false;
+  app.add_flag("--no-provider-settings", no_provider_settings,
+               "leave loom's recommended provider settings unset (else set where unset)");
   app.add_flag("--print-config", print_config,
                "print every LOOM_* variable as README's table and exit");
   try {
@@ -134,6 +137,7 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     }
     return ParseResult::kExit;
   }
+  o.provider_settings = !no_provider_settings;
   o.sizes = parse_sizes(sizes);
   if (app.count("-E") != 0 && !port.empty()) {
     const std::size_t value = parse_size(port);

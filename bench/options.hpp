@@ -28,6 +28,7 @@ struct Options {
   int groups = -1;                 // --groups (-1: LOOM_NGROUPS)
   bool bidir = false;              // --bidir
   bool loopback = false;           // --loopback
+  bool provider_settings = true;   // set loom's recommended provider settings where unset
   std::string json;                // --json FILE
   unsigned timeout_s = 30;         // --timeout: bootstrap and connect
   bool pingpong = true;            // --no-pingpong disables the latency pass

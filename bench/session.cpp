@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <stdexcept>
@@ -25,6 +26,8 @@ long rss_kib() {
   return pages_resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
+}  // namespace
+
 Config make_config(const Options& options) {
   Config config = Config::from_env();
   if (!options.provider.empty()) config.provider = options.provider;
@@ -36,7 +39,15 @@ Config make_config(const Options& options) {
   return config;
 }
 
-}  // namespace
+void apply_provider_settings(const Options& options) {
+  if (!options.provider_settings) return;
+  for (const ProviderSetting& s : recommended_provider_settings(make_config(options))) {
+    if (std::getenv(s.name.c_str()) != nullptr) continue;
+    setenv(s.name.c_str(), s.value.c_str(), 0);
+    std::printf("# %s=%s (loom's recommendation: %s)\n", s.name.c_str(), s.value.c_str(),
+                s.why.c_str());
+  }
+}
 
 Session::Session(const Options& options, Oob& oob)
     : options_(options),

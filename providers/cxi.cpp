@@ -5,7 +5,7 @@
 namespace loom::providers {
 namespace {
 
-constexpr EnvDefault kCxiEnv[] = {
+constexpr ProviderSetting kCxiEnv[] = {
     {"FI_CXI_RX_MATCH_MODE", "hybrid",
      "hardware tag matching falls back to software instead of failing when the NIC's "
      "unexpected-message list overflows under many communicators"},
@@ -16,7 +16,7 @@ constexpr EnvDefault kCxiEnv[] = {
 const Profile kCxiProfile{
     .family = "cxi",
     .summary = "CXI: FI_MR_ENDPOINT registrations (bound + enabled per endpoint), hybrid matching",
-    .env_defaults = kCxiEnv,
+    .settings = kCxiEnv,
 };
 
 }  // namespace loom::providers

@@ -10,7 +10,7 @@ namespace loom::providers {
 const Profile kEfaProfile{
     .family = "efa",
     .summary = "EFA: RDM endpoints, 32-bit remote CQ data, device RDMA where the device has it",
-    .env_defaults = {},
+    .settings = {},
 };
 
 }  // namespace loom::providers

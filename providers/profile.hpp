@@ -11,8 +11,11 @@
 
 namespace loom::providers {
 
-// An environment default loom sets for a provider when the user has not set it.
-struct EnvDefault {
+// A provider parameter loom recommends, and why. Providers read their parameters only from the
+// environment, which loom never writes (writing it races every other thread reading it): loom logs
+// the recommendations the environment lacks, and an application applies them (fi_p2p_bw does,
+// before it starts threads) through loom::recommended_provider_settings.
+struct ProviderSetting {
   const char* name;
   const char* value;
   const char* why;
@@ -35,7 +38,7 @@ struct DeviceLimits {
 struct Profile {
   std::string_view family;   // core provider name as libfabric reports it ("tcp", "efa", ...)
   std::string_view summary;  // what users of this provider should know, logged at info level
-  std::span<const EnvDefault> env_defaults;
+  std::span<const ProviderSetting> settings;
   // Reads limits from the device named by the libfabric domain; nullopt where unknown.
   std::optional<DeviceLimits> (*device_limits)(std::string_view domain_name) = nullptr;
   // Completions failed with one of these are peer errors (Status::kPeerError).
@@ -50,14 +53,13 @@ struct Profile {
 
 [[nodiscard]] std::span<const Profile* const> all_profiles() noexcept;
 
-// The environment defaults of the provider families that `requested` names (LOOM_PROVIDER,
+// The recommended settings of the provider families that `requested` names (LOOM_PROVIDER,
 // else FI_PROVIDER; "verbs;ofi_rxm", "efa,shm", ...), or of every family when it names none:
 // libfabric then picks the provider, and the README's main command names none. Each variable
 // belongs to one provider, or to rxm, which tcp and verbs want set alike; no two families may
-// set one variable differently (test/ofi/profile_test.cpp), and each appears once here.
-// lib/ofi applies them once per process, before its first fi_getinfo, because providers read
-// their variables from the environment (util/env.hpp says why it is done once).
-[[nodiscard]] std::vector<EnvDefault> env_defaults_for(std::string_view requested);
+// recommend different values for one variable (test/ofi/profile_test.cpp), and each appears
+// once here.
+[[nodiscard]] std::vector<ProviderSetting> settings_for(std::string_view requested);
 
 extern const Profile kEfaProfile;
 extern const Profile kCxiProfile;

@@ -9,7 +9,7 @@ namespace {
 constexpr Profile kGenericProfile{
     .family = "",
     .summary = "no loom-specific settings for this provider",
-    .env_defaults = {},
+    .settings = {},
 };
 
 constexpr const Profile* kProfiles[] = {&kEfaProfile, &kCxiProfile, &kVerbsProfile,
@@ -34,7 +34,7 @@ std::span<const Profile* const> all_profiles() noexcept {
   return kProfiles;
 }
 
-std::vector<EnvDefault> env_defaults_for(std::string_view requested) {
+std::vector<ProviderSetting> settings_for(std::string_view requested) {
   const auto named = [requested](const Profile& profile) {
     std::string_view rest = requested;
     while (!rest.empty()) {
@@ -46,11 +46,11 @@ std::vector<EnvDefault> env_defaults_for(std::string_view requested) {
   };
   const bool any_named = std::any_of(std::begin(kProfiles), std::end(kProfiles),
                                      [&](const Profile* p) { return named(*p); });
-  std::vector<EnvDefault> defaults;
+  std::vector<ProviderSetting> defaults;
   for (const Profile* profile : kProfiles) {
     if (any_named && !named(*profile)) continue;
-    for (const EnvDefault& env : profile->env_defaults) {
-      const bool seen = std::any_of(defaults.begin(), defaults.end(), [&](const EnvDefault& d) {
+    for (const ProviderSetting& env : profile->settings) {
+      const bool seen = std::any_of(defaults.begin(), defaults.end(), [&](const ProviderSetting& d) {
         return std::string_view(d.name) == env.name;
       });
       if (!seen) defaults.push_back(env);

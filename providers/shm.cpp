@@ -19,7 +19,7 @@ constexpr PeerGoneError kShmPeerGone[] = {
 const Profile kShmProfile{
     .family = "shm",
     .summary = "shm: single host only; one domain, no NIC",
-    .env_defaults = {},
+    .settings = {},
     .peer_gone_errors = kShmPeerGone,
 };
 

@@ -17,7 +17,7 @@ constexpr PeerGoneError kSocketsPeerGone[] = {
 const Profile kSocketsProfile{
     .family = "sockets",
     .summary = "sockets: a broken connection is a peer error",
-    .env_defaults = {},
+    .settings = {},
     .peer_gone_errors = kSocketsPeerGone,
 };
 

@@ -11,7 +11,7 @@
 namespace loom::providers {
 namespace {
 
-constexpr EnvDefault kTcpEnv[] = {
+constexpr ProviderSetting kTcpEnv[] = {
     {"FI_OFI_RXM_USE_SRX", "0",
      "per-connection receive buffers: a lane's endpoints each talk to one peer"},
 };
@@ -21,7 +21,7 @@ constexpr EnvDefault kTcpEnv[] = {
 const Profile kTcpProfile{
     .family = "tcp",
     .summary = "tcp;ofi_rxm: domains are interfaces; pin one with LOOM_NICS (e.g. lo for tests)",
-    .env_defaults = kTcpEnv,
+    .settings = kTcpEnv,
 };
 
 }  // namespace loom::providers

@@ -13,7 +13,7 @@ namespace loom::providers {
 const Profile kUdpProfile{
     .family = "udp",
     .summary = "udp;ofi_rxd: no injects (rxd sends and resends only while the sender calls in)",
-    .env_defaults = {},
+    .settings = {},
     .no_inject = "rxd delivers an injected message only while the sender keeps calling in",
 };
 

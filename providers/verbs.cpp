@@ -16,7 +16,7 @@
 namespace loom::providers {
 namespace {
 
-constexpr EnvDefault kVerbsEnv[] = {
+constexpr ProviderSetting kVerbsEnv[] = {
     {"FI_OFI_RXM_USE_SRX", "0",
      "per-connection receive buffers: a lane's endpoints each talk to one peer"},
 };
@@ -50,7 +50,7 @@ std::optional<DeviceLimits> verbs_device_limits(std::string_view domain_name) {
 const Profile kVerbsProfile {
   .family = "verbs",
   .summary = "verbs;ofi_rxm: per-connection receive buffers; device limits from rdma-core",
-  .env_defaults = kVerbsEnv,
+  .settings = kVerbsEnv,
 #if LOOM_HAVE_IBVERBS
   .device_limits = verbs_device_limits,
 #endif

@@ -61,4 +61,12 @@ struct ConfigVariable {
 // Every LOOM_* variable, in the order the README documents them.
 [[nodiscard]] std::span<const ConfigVariable> config_variables() noexcept;
 
+// A libfabric provider parameter (an environment variable) loom recommends, and why
+// (loom::recommended_provider_settings).
+struct ProviderSetting {
+  std::string name;
+  std::string value;
+  std::string why;
+};
+
 }  // namespace loom

@@ -128,13 +128,15 @@ class Communicator {
   [[nodiscard]] CommStats stats() const;
 
  protected:
-  explicit Communicator(std::unique_ptr<p2p::Comm> comm);
+  Communicator(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
+  // The context (lane registry, NICs) outlives the communicator: close() lets go of it last.
+  std::shared_ptr<p2p::ContextCore> context_;
   std::unique_ptr<p2p::Comm> comm_;
 };
 
 class SendComm final : public Communicator {
  public:
-  explicit SendComm(std::unique_ptr<p2p::Comm> comm);
+  SendComm(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
   // kOk: `request` is set. kRetry: too many requests in flight, test some and try again.
   // kInvalid: bad region/buffer or closed communicator (last_error() says which).
   Status isend(const void* data, std::size_t size, Tag tag, MemoryRegion region, Request*& request);
@@ -142,7 +144,7 @@ class SendComm final : public Communicator {
 
 class RecvComm final : public Communicator {
  public:
-  explicit RecvComm(std::unique_ptr<p2p::Comm> comm);
+  RecvComm(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
   // Posts 1..kMaxRecvBuffers buffers for the next messages, in order.
   Status irecv(std::span<const RecvBuffer> buffers, Request*& request);
   // Makes data received into `buffers` visible to the device (GPUDirect RDMA): a small read
@@ -232,6 +234,15 @@ struct ContextStats {
   std::vector<std::pair<std::string, std::size_t>> endpoints_per_nic;  // lanes' endpoints
   std::uint64_t lanes_opened = 0;
 };
+
+// The libfabric provider parameters loom recommends for the providers `config` names
+// (LOOM_PROVIDER, else FI_PROVIDER; all of them when it names none). Providers read their
+// parameters only from the environment, and loom never writes it (a write races every other
+// thread reading it): an application that wants them sets those its environment lacks before
+// it starts threads or makes a Context, as fi_p2p_bw does. loom logs (info) the ones missing when
+// its first context opens.
+[[nodiscard]] std::vector<ProviderSetting> recommended_provider_settings(
+    const Config& config = Config::from_env());
 
 class Context {
  public:

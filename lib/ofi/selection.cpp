@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include <netinet/in.h>
@@ -150,23 +151,18 @@ InfoPtr list_everything() {
               detail);
 }
 
-// Providers read their parameters from the environment when libfabric initializes them or
-// builds an fi_info, so loom's defaults go there, once per process and before loom's first
-// fi_getinfo: the families the first context names (LOOM_PROVIDER, else FI_PROVIDER), or all.
-void apply_provider_defaults(const Config& config) {
-  const std::string requested =
-      !config.provider.empty() ? config.provider : util::environment("FI_PROVIDER").value_or("");
-  std::vector<util::EnvironmentDefault> defaults;
-  for (const providers::EnvDefault& d : providers::env_defaults_for(requested)) {
-    defaults.push_back({d.name, d.value});
-  }
-  if (util::set_environment_defaults_once(defaults) && !defaults.empty()) {
+// Logs, once per process, the recommended provider settings the environment lacks: loom never
+// writes the environment (providers/profile.hpp says why), so the user learns what to set.
+void report_missing_settings(const Config& config) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
     std::string text;
-    for (const auto& d : defaults)
-      text += std::string(text.empty() ? "" : ", ") + d.name + "=" + d.value;
-    util::log().info("provider defaults, each where the environment has no value of its own: {}",
-                     text);
-  }
+    for (const ProviderSetting& s : recommended_settings(config)) {
+      if (util::environment(s.name.c_str())) continue;
+      text += std::string(text.empty() ? "" : "; ") + s.name + "=" + s.value + " (" + s.why + ")";
+    }
+    if (!text.empty()) util::log().info("recommended provider settings not in the environment: {}", text);
+  });
 }
 
 // The entry of the FI_HMEM answer for the NIC `chosen` describes (same provider, domain and
@@ -192,6 +188,16 @@ InfoPtr single_entry(const fi_info& entry) {
 }
 
 }  // namespace
+
+std::vector<ProviderSetting> recommended_settings(const Config& config) {
+  const std::string requested =
+      !config.provider.empty() ? config.provider : util::environment("FI_PROVIDER").value_or("");
+  std::vector<ProviderSetting> out;
+  for (const providers::ProviderSetting& s : providers::settings_for(requested)) {
+    out.push_back({s.name, s.value, s.why});
+  }
+  return out;
+}
 
 std::uint32_t api_version() noexcept {
   // fi_version() is the libfabric loaded, which may be older than the headers.
@@ -254,7 +260,7 @@ std::string device_memory_refusal(const fi_info* all, std::string_view provider,
 
 std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
   config.validate();
-  apply_provider_defaults(config);
+  report_missing_settings(config);
   InfoPtr hints = make_hints(config, false);
   fi_info* list = nullptr;
   long rc = fi_getinfo(api_version(), nullptr, nullptr, 0, hints.get(), &list);

@@ -22,6 +22,11 @@ namespace loom::ofi {
 // other with its host-only entry and a logged reason (NicAttributes::device_memory_note).
 [[nodiscard]] std::vector<std::unique_ptr<Nic>> open_nics(const Config& config);
 
+// The provider settings loom recommends for the families `config` names (LOOM_PROVIDER, else
+// FI_PROVIDER), or for every family when it names none. Applying them is the application's
+// call: loom only logs those the environment lacks, once per process, at open_nics.
+[[nodiscard]] std::vector<ProviderSetting> recommended_settings(const Config& config);
+
 // ---- the pieces of the selection, for tests.
 
 // The API version loom asks fi_getinfo for: 1.20 where both the headers loom was compiled with

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "loom/p2p.hpp"
+#include "ofi/selection.hpp"
 #include "p2p/context_core.hpp"
 #include "p2p/handshake.hpp"
 #include "p2p/recv_comm.hpp"
@@ -23,7 +24,9 @@ Handle Handle::from_bytes(std::span<const std::byte> data) {
 
 // ---- communicators ----
 
-Communicator::Communicator(std::unique_ptr<p2p::Comm> comm) : comm_(std::move(comm)) {}
+Communicator::Communicator(std::shared_ptr<p2p::ContextCore> context,
+                           std::unique_ptr<p2p::Comm> comm)
+    : context_(std::move(context)), comm_(std::move(comm)) {}
 
 Communicator::~Communicator() {
   close();
@@ -56,7 +59,9 @@ Status Communicator::wait(Request* request, std::span<std::size_t> sizes,
 }
 
 void Communicator::close() {
+  // The last communicator out of a lane closes it, and the registry must outlive that.
   if (comm_) p2p::Comm::close(std::move(comm_));
+  context_.reset();
 }
 
 const std::string& Communicator::last_error() const noexcept {
@@ -67,7 +72,8 @@ CommStats Communicator::stats() const {
   return comm_ ? comm_->stats() : CommStats{};
 }
 
-SendComm::SendComm(std::unique_ptr<p2p::Comm> comm) : Communicator(std::move(comm)) {}
+SendComm::SendComm(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm)
+    : Communicator(std::move(context), std::move(comm)) {}
 
 Status SendComm::isend(const void* data, std::size_t size, Tag tag, MemoryRegion region,
                        Request*& request) {
@@ -76,7 +82,8 @@ Status SendComm::isend(const void* data, std::size_t size, Tag tag, MemoryRegion
   return static_cast<p2p::SendCommImpl&>(*comm_).isend(data, size, tag, region, request);
 }
 
-RecvComm::RecvComm(std::unique_ptr<p2p::Comm> comm) : Communicator(std::move(comm)) {}
+RecvComm::RecvComm(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm)
+    : Communicator(std::move(context), std::move(comm)) {}
 
 Status RecvComm::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
   request = nullptr;
@@ -118,6 +125,10 @@ std::unique_ptr<SendComm> Connector::poll() {
 }
 
 // ---- context ----
+
+std::vector<ProviderSetting> recommended_provider_settings(const Config& config) {
+  return ofi::recommended_settings(config);
+}
 
 Context::Context(const Config& config) : core_(std::make_shared<p2p::ContextCore>(config)) {}
 Context::~Context() = default;

@@ -7,7 +7,6 @@
 #include <thread>
 
 #include "p2p/comm.hpp"
-#include "p2p/context_core.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
 #include "util/log.hpp"
@@ -101,9 +100,7 @@ void Comm::close(std::unique_ptr<Comm> self) {
     if (drained) self->release_registrations();
     lane.detach(self->id_);
   }
-  // Held until the lane is left: the last communicator out closes the lane, and the context
-  // (registry, NICs) must outlive that.
-  std::shared_ptr<ContextCore> context = std::move(self->context_);
+  // The caller (loom::Communicator, or the handshake) keeps the context alive past leave().
   mux::LaneRegistry& lanes = self->lanes_;
   if (!drained) {
     util::log().info(

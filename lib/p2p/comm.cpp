@@ -32,16 +32,15 @@ void Request::on_completion(ofi::OpContext& op, const ofi::Completion& completio
   comm->on_op(*this, op_index(op), completion);
 }
 
-Comm::Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction direction)
-    : context_(std::move(core)),
-      settings_{.eager_max = context_->config().eager_max,
-                .inject_max = context_->config().inject_max,
-                .min_stripe = context_->config().min_stripe,
-                .peer_timeout = std::chrono::milliseconds(context_->config().peer_timeout_ms),
-                .force_flush = context_->config().force_flush,
-                .gpu_flush = context_->config().gpu_flush,
-                .provider = context_->provider()},
-      lanes_(context_->lanes()),
+Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction)
+    : settings_{.eager_max = core.config().eager_max,
+                .inject_max = core.config().inject_max,
+                .min_stripe = core.config().min_stripe,
+                .peer_timeout = std::chrono::milliseconds(core.config().peer_timeout_ms),
+                .force_flush = core.config().force_flush,
+                .gpu_flush = core.config().gpu_flush,
+                .provider = core.provider()},
+      lanes_(core.lanes()),
       lane_(&lane),
       direction_(direction),
       // Both directions use it: no eager send, and no eager receive, past what the provider

@@ -51,7 +51,7 @@ struct CommSettings {
 
 class Comm : public mux::CommPort {
  public:
-  Comm(std::shared_ptr<ContextCore> core, mux::Lane& lane, mux::Direction direction);
+  Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction);
   ~Comm() override;
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -173,10 +173,6 @@ class Comm : public mux::CommPort {
   // The lane's next progress: the control batch leaves, back-pressured requests advance.
   void on_deferred() override;
 
-  // Keeps the context (its lane registry, NICs, bootstrap) alive while the communicator is
-  // open; close() lets go of it. A retired communicator is owned by its lane, which the
-  // context owns, so it needs none.
-  std::shared_ptr<ContextCore> context_;
   const CommSettings settings_;
   mux::LaneRegistry& lanes_;  // the context's
   mux::Lane* lane_;

@@ -16,11 +16,11 @@ constexpr std::size_t kHandshakeBytes = mux::kMaxControlBody;
 
 // Makes a communicator of type T on `lane`, leaving the lane again if that fails.
 template <typename T>
-std::unique_ptr<Comm> make_comm(const std::shared_ptr<ContextCore>& core, mux::Lane& lane) {
+std::unique_ptr<Comm> make_comm(ContextCore& core, mux::Lane& lane) {
   try {
     return std::make_unique<T>(core, lane);
   } catch (...) {
-    core->lanes().leave(lane);
+    core.lanes().leave(lane);
     throw;
   }
 }
@@ -142,7 +142,7 @@ std::unique_ptr<RecvComm> ListenerState::accept() {
     mux::Lane& lane =
         core_->lanes().join_recv(message.context, message.lane.lane,
                                  placement_facing(core_->nics(), core_->lanes(), message.lane));
-    comm = make_comm<RecvCommImpl>(core_, lane);
+    comm = make_comm<RecvCommImpl>(*core_, lane);
     comm->connect_peer(message.lane);
     AcceptMessage accept{
         .connect_id = message.connect_id, .context = core_->id(), .lane = comm->local_addresses()};
@@ -156,7 +156,7 @@ std::unique_ptr<RecvComm> ListenerState::accept() {
     throw;
   }
   ++stats_.accepted;
-  return std::make_unique<RecvComm>(std::move(comm));
+  return std::make_unique<RecvComm>(core_, std::move(comm));
 }
 
 // ---- connector ----
@@ -198,7 +198,7 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
   if (!sent_) {
     try {
       mux::Lane& lane = core_->lanes().join_send(target_.context, route_.placement);
-      comm_ = make_comm<SendCommImpl>(core_, lane);
+      comm_ = make_comm<SendCommImpl>(*core_, lane);
       const std::span<const std::byte> listener = target_.addresses[route_.address];
       // The answer comes back to the bootstrap rail the connect leaves from.
       auto reply_to = bootstrap.address(bootstrap.rail_for(listener));
@@ -232,7 +232,7 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
   if (accept_) {
     comm_->connect_peer(accept_->lane);
     done_ = true;
-    return std::make_unique<SendComm>(std::move(comm_));
+    return std::make_unique<SendComm>(core_, std::move(comm_));
   }
   if (std::chrono::steady_clock::now() > deadline_) {
     fail(ETIMEDOUT, "no answer from the listener within LOOM_CONNECT_TIMEOUT_MS (" +

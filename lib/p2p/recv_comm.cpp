@@ -8,8 +8,8 @@
 
 namespace loom::p2p {
 
-RecvCommImpl::RecvCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane)
-    : Comm(std::move(core), lane, mux::Direction::kRecv), by_seq_(kSeqWindow) {}
+RecvCommImpl::RecvCommImpl(ContextCore& core, mux::Lane& lane)
+    : Comm(core, lane, mux::Direction::kRecv), by_seq_(kSeqWindow) {}
 
 Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
   request = nullptr;

@@ -13,7 +13,7 @@ namespace loom::p2p {
 
 class RecvCommImpl final : public Comm {
  public:
-  RecvCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane);
+  RecvCommImpl(ContextCore& core, mux::Lane& lane);
 
   Status irecv(std::span<const RecvBuffer> buffers, Request*& request);
   Status iflush(std::span<const RecvBuffer> buffers, Request*& request);

@@ -13,7 +13,7 @@ namespace loom::p2p {
 
 class SendCommImpl final : public Comm {
  public:
-  SendCommImpl(std::shared_ptr<ContextCore> core, mux::Lane& lane);
+  SendCommImpl(ContextCore& core, mux::Lane& lane);
 
   Status isend(const void* data, std::size_t size, Tag tag, const MemoryRegion& region,
                Request*& request);

@@ -1,5 +1,5 @@
-// Provider profiles: which environment defaults loom sets for which families, and that a user's
-// value wins.
+// Provider profiles: which settings loom recommends for which families, and that loom leaves
+// the environment alone.
 #include "providers/profile.hpp"
 
 #include <cstdlib>
@@ -9,15 +9,16 @@
 
 #include <catch2/catch.hpp>
 
+#include "ofi/selection.hpp"
 #include "util/env.hpp"
 
 namespace {
 
-using loom::providers::env_defaults_for;
+using loom::providers::settings_for;
 
 std::map<std::string, std::string> defaults_for(std::string_view requested) {
   std::map<std::string, std::string> out;
-  for (const auto& d : env_defaults_for(requested)) out.emplace(d.name, d.value);
+  for (const auto& d : settings_for(requested)) out.emplace(d.name, d.value);
   return out;
 }
 
@@ -57,7 +58,7 @@ TEST_CASE("provider profiles: every family's defaults when none is named", "[pro
     CHECK(defaults_for(requested) ==
           std::map<std::string, std::string>{{"FI_OFI_RXM_USE_SRX", "0"},
                                              {"FI_CXI_RX_MATCH_MODE", "hybrid"}});
-    CHECK(env_defaults_for(requested).size() == 2);
+    CHECK(settings_for(requested).size() == 2);
   }
 }
 
@@ -65,7 +66,7 @@ TEST_CASE("provider profiles: every family's defaults when none is named", "[pro
 TEST_CASE("provider profiles: no variable gets two different defaults", "[profile]") {
   std::map<std::string, std::string> seen;
   for (const loom::providers::Profile* profile : loom::providers::all_profiles()) {
-    for (const auto& env : profile->env_defaults) {
+    for (const auto& env : profile->settings) {
       const auto it = seen.emplace(env.name, env.value).first;
       INFO(env.name << " set by " << profile->family);
       CHECK(it->second == env.value);
@@ -74,26 +75,18 @@ TEST_CASE("provider profiles: no variable gets two different defaults", "[profil
   CHECK(seen.count("FI_OFI_RXM_USE_SRX") == 1);
 }
 
-// The one write to the environment: a user's value is never replaced, and only the first call
-// in the process writes (meson's ofi-profile runs these cases in a process of their own, where
-// no context has applied the defaults before).
-TEST_CASE("provider defaults: applied once, never over the user's value", "[profile]") {
-  using loom::util::EnvironmentDefault;
-  setenv("FI_OFI_RXM_USE_SRX", "1", 1);  // the user's
-  unsetenv("FI_CXI_RX_MATCH_MODE");
-  const EnvironmentDefault defaults[] = {{"FI_OFI_RXM_USE_SRX", "0"},
-                                         {"FI_CXI_RX_MATCH_MODE", "hybrid"}};
-  const bool first = loom::util::set_environment_defaults_once(defaults);
-  CHECK(env("FI_OFI_RXM_USE_SRX") == "1");
-  if (first) {
-    CHECK(env("FI_CXI_RX_MATCH_MODE") == "hybrid");
-  } else {
-    WARN("this process applied its provider defaults before this test");
-  }
-  // Later calls write nothing, whatever they pass.
-  unsetenv("FI_CXI_RX_MATCH_MODE");
-  const EnvironmentDefault again[] = {{"FI_CXI_RX_MATCH_MODE", "software"}};
-  CHECK_FALSE(loom::util::set_environment_defaults_once(again));
-  CHECK(env("FI_CXI_RX_MATCH_MODE") == "<unset>");
+// loom recommends provider settings but never writes them: a setenv would race any other
+// thread's getenv (util/env.hpp). Opening NICs for the family that recommends one leaves the
+// environment as it was.
+TEST_CASE("provider settings: opening NICs leaves the environment untouched", "[profile]") {
   unsetenv("FI_OFI_RXM_USE_SRX");
+  unsetenv("FI_CXI_RX_MATCH_MODE");
+  loom::Config config;
+  config.provider = "tcp";
+  config.nics = {"lo"};
+  REQUIRE_FALSE(loom::ofi::recommended_settings(config).empty());
+  const auto nics = loom::ofi::open_nics(config);
+  CHECK_FALSE(nics.empty());
+  CHECK(env("FI_OFI_RXM_USE_SRX") == "<unset>");
+  CHECK(env("FI_CXI_RX_MATCH_MODE") == "<unset>");
 }
