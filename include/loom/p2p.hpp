@@ -218,6 +218,7 @@ struct RailDescription {
 struct LaneDescription {
   std::uint64_t id = 0;
   bool send = false;
+  std::size_t peers = 0;  // in the lane's address vectors: the peers its communicators reach
   std::size_t comms = 0;
   std::size_t retired = 0;  // closed communicators kept until the provider returns their operations
   std::size_t endpoints = 0;

@@ -1,6 +1,7 @@
 #include "mux/control_channel.hpp"
 
 #include <algorithm>
+#include <bitset>
 #include <cstring>
 
 #include "ofi/memory_registration.hpp"
@@ -126,8 +127,22 @@ Status ControlChannel::send(std::size_t rail_index, ofi::Address peer, std::uint
   encode_control_header({buffer, kControlHeaderBytes}, header);
   if (!body.empty()) std::memcpy(buffer + kControlHeaderBytes, body.data(), body.size());
   Status status = rail.send(peer, buffer, total, tx_registration_->desc(rail.index()), &slot.op);
-  if (status == Status::kOk) free_tx_.pop_back();
+  if (status == Status::kOk) {
+    free_tx_.pop_back();
+    slot.rail = static_cast<std::uint32_t>(rail_index);
+    slot.to = peer;
+  }
   return status;
+}
+
+bool ControlChannel::sending_to(std::size_t rail, ofi::Address peer) const noexcept {
+  if (!sends_in_flight()) return false;
+  std::bitset<kTxSlots> free;
+  for (std::uint32_t index : free_tx_) free.set(index);
+  for (const Slot& slot : tx_slots_) {
+    if (!free[slot.index] && slot.rail == rail && slot.to == peer) return true;
+  }
+  return false;
 }
 
 void ControlChannel::retry_reposts() {

@@ -79,6 +79,8 @@ class ControlChannel final : ofi::CompletionHandler {
               std::span<const std::byte> body, bool confirmed = false);
   // Sends from registered slots whose completion has not come back yet.
   [[nodiscard]] bool sends_in_flight() const noexcept { return free_tx_.size() != kTxSlots; }
+  // Whether such a send to `peer` on rail `rail` is in flight.
+  [[nodiscard]] bool sending_to(std::size_t rail, ofi::Address peer) const noexcept;
 
   // Reposts receive buffers the provider refused earlier. Called from the owner's progress.
   void retry_reposts();
@@ -90,6 +92,7 @@ class ControlChannel final : ofi::CompletionHandler {
     bool posted = false;  // receives: held by the provider (not waiting in reposts_)
     std::uint32_t rail;
     std::uint32_t index;
+    ofi::Address to = 0;  // sends: the peer
   };
 
   void on_completion(ofi::OpContext& op, const ofi::Completion& completion) override;

@@ -115,12 +115,52 @@ void Lane::free_drained() {
   stats_.retired = retired_.size();
 }
 
-ofi::Address Lane::peer_address(std::size_t rail, std::span<const std::byte> name) {
+ofi::Address Lane::acquire_peer(std::size_t rail, std::span<const std::byte> name) {
   auto key = std::make_pair(rail, std::vector<std::byte>(name.begin(), name.end()));
-  if (auto it = peers_.find(key); it != peers_.end()) return it->second;
-  ofi::Address address = rails_->rails()[rail]->insert_peer(name);
-  peers_.emplace(std::move(key), address);
+  if (auto it = peers_.find(key); it != peers_.end()) {
+    Peer& peer = it->second;
+    if (peer.references++ == 0) std::erase(released_, std::make_pair(rail, peer.address));
+    return peer.address;
+  }
+  const ofi::Address address = rails_->rails()[rail]->insert_peer(name);
+  peers_.emplace(std::move(key), Peer{address, 1});
+  if (rail == 0) ++peer_names_;
   return address;
+}
+
+void Lane::release_peer(std::span<const ofi::Address> data,
+                        std::span<const ofi::Address> control) noexcept {
+  if (!rails_) return;  // closing: the AVs go with the endpoints
+  auto release = [this](std::size_t rail, ofi::Address address) {
+    for (auto& [key, peer] : peers_) {
+      if (key.first != rail || peer.address != address) continue;
+      if (--peer.references == 0) released_.emplace_back(rail, address);
+      return;
+    }
+  };
+  for (std::size_t i = 0; i < data.size(); ++i) release(i, data[i]);
+  for (std::size_t i = 0; i < control.size(); ++i) release(rails_->data_rails() + i, control[i]);
+  remove_released_peers();
+}
+
+// rxm closes its connection to a peer taken out of the AV: a control message still queued on
+// it would be lost (the close notice is sent confirmed for that reason), so removal waits.
+void Lane::remove_released_peers() noexcept {
+  std::erase_if(released_, [this](const std::pair<std::size_t, ofi::Address>& entry) {
+    const auto [rail, address] = entry;
+    if (rail >= rails_->data_rails() &&
+        control_->sending_to(rail - rails_->data_rails(), address)) {
+      return false;
+    }
+    rails_->rails()[rail]->remove_peer(address);
+    for (auto it = peers_.begin(); it != peers_.end(); ++it) {
+      if (it->first.first != rail || it->second.address != address) continue;
+      if (rail == 0) --peer_names_;
+      peers_.erase(it);
+      break;
+    }
+    return true;
+  });
 }
 
 void Lane::run_deferred() {
@@ -142,6 +182,8 @@ std::size_t Lane::progress() {
   control_->retry_reposts();
   if (!retired_.empty()) [[unlikely]]
     free_drained();
+  if (!released_.empty()) [[unlikely]]
+    remove_released_peers();
   return handled;
 }
 

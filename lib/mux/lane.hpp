@@ -1,10 +1,14 @@
 // A lane: one rail set (data + control endpoints with their CQs, AVs and posted control
-// buffers) shared by the communicators to one peer in one direction. Completions reach the right
-// communicator by context (own operations), by the comm id in remote CQ data (RMA writes) or in
-// the control header (control messages). A comm id carries a generation (see attach()): traffic
-// for a closed communicator is dropped even once its slot serves another.
+// buffers) shared by the communicators of one direction whose rails sit on the same NICs,
+// whatever their peers: libfabric's RDM endpoints reach any peer through the AV, so a process's
+// endpoints do not grow with its peers. Each peer is in the lane's AVs once, for as long as a
+// communicator to it lives. Completions reach the right communicator by context (own
+// operations), by the comm id in remote CQ data (RMA writes) or in the control header (control
+// messages); comm ids are the lane's, unique across its peers. A comm id carries a generation
+// (see attach()): traffic for a closed communicator is dropped even once its slot serves another.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -27,11 +31,12 @@ namespace loom::mux {
 
 enum class Direction : std::uint8_t { kSend, kRecv };
 
+// Where a lane's rails are and which group it is: the communicators with equal keys share it.
 struct LaneKey {
-  std::uint64_t peer = 0;  // the peer context's id
+  std::vector<ofi::Nic*> data;  // the NIC of each data rail
+  std::vector<ofi::Nic*> control;
   Direction direction = Direction::kSend;
-  // Send lanes: the group index (or a fresh number when grouping is off). Receive lanes: the id
-  // of the sender's lane, so a receive lane pairs with exactly one send lane.
+  // The group index (LaneRegistry), or a number of its own when grouping is off.
   std::uint64_t group = 0;
   auto operator<=>(const LaneKey&) const = default;
 };
@@ -68,6 +73,10 @@ struct LaneStats {
 
 class Lane final : ofi::RemoteWriteHandler, ControlSink {
  public:
+  // Posted receives a communicator may always hold, whatever its fair share (see
+  // may_post_receive): the parts of one grouped receive.
+  static constexpr std::size_t kMinReceiveShare = 8;
+
   // Opens the rails where `placement` puts them; depths and cache size from `shape`.
   // `deferred_lanes` counts the lanes with deferred work (see LaneRegistry::any_deferred);
   // it must outlive the lane.
@@ -109,8 +118,16 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
     return has_deferred_.load(std::memory_order_relaxed);
   }
 
-  // The peer's address on rail `rail`, inserted into that rail's AV once.
-  ofi::Address peer_address(std::size_t rail, std::span<const std::byte> name);
+  // The peer's address on rail `rail`, inserted into that rail's AV by its first user; each
+  // call takes a reference that release_peer() gives back.
+  ofi::Address acquire_peer(std::size_t rail, std::span<const std::byte> name);
+  // Gives back the references acquire_peer() gave for a peer's addresses on the data rails and
+  // the control rails, in rail order. The last reference gone, the peer leaves the AV once no
+  // control message to it is in flight (at a later progress, if one is).
+  void release_peer(std::span<const ofi::Address> data,
+                    std::span<const ofi::Address> control) noexcept;
+  // Peers in the AVs (of any rail).
+  [[nodiscard]] std::size_t peers() const noexcept { return peer_names_; }
 
   // Runs the deferred work, then polls the completion queues. This is when a control message
   // batched by a communicator (clear-to-send, ready-to-send) leaves the host: at the next
@@ -129,8 +146,14 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   // waits for the receiver's clear-to-send, sent once its receive is posted, and a receive lane
   // keeps a quarter of each data rail's entries free of posted receives. A receiver that posts
   // ahead (NCCL-style) costs nothing; one that posts late costs a one-way control message.
-  [[nodiscard]] bool may_post_receive(std::size_t rail) const noexcept {
-    return receives_posted_[rail] < receive_limit_[rail];
+  //
+  // The lane's share is split fairly between its communicators (whatever their peers): one
+  // may hold max(limit / communicators, kMinReceiveShare) posted, so a slow or dead peer whose
+  // receives wait for messages holds only its share while the others keep posting.
+  [[nodiscard]] bool may_post_receive(std::size_t rail, std::size_t held) const noexcept {
+    return receives_posted_[rail] < receive_limit_[rail] &&
+           held < std::max(receive_limit_[rail] / std::max<std::size_t>(attached_, 1),
+                           kMinReceiveShare);
   }
   void receive_posted(std::size_t rail) noexcept { ++receives_posted_[rail]; }
   void receive_finished(std::size_t rail) noexcept { --receives_posted_[rail]; }
@@ -145,6 +168,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
     return slot.id == id ? slot.port : nullptr;
   }
   void free_drained();
+  void remove_released_peers() noexcept;
 
   LaneKey key_;
   std::uint64_t id_;
@@ -164,7 +188,13 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   std::vector<CommId> running_ids_;
   std::atomic<bool> has_deferred_{false};
   std::atomic<std::size_t>* deferred_lanes_;
-  std::map<std::pair<std::size_t, std::vector<std::byte>>, ofi::Address> peers_;
+  struct Peer {
+    ofi::Address address;
+    std::size_t references = 0;
+  };
+  std::map<std::pair<std::size_t, std::vector<std::byte>>, Peer> peers_;  // by (rail, name)
+  std::size_t peer_names_ = 0;                                  // distinct peers (rail 0's entries)
+  std::vector<std::pair<std::size_t, ofi::Address>> released_;  // to remove from the AVs
   util::SpinLock mutex_;
   LaneStats stats_;
   std::vector<std::size_t> receives_posted_;  // per data rail

@@ -16,40 +16,41 @@ ofi::RailPlacement LaneRegistry::default_placement() const {
   return ofi::RailPlacement::round_robin(nics_, shape_.data_rails, shape_.control_rails);
 }
 
-Lane& LaneRegistry::join(const LaneKey& key, const ofi::RailPlacement& placement) {
-  Entry& entry = lanes_[key];
-  if (!entry.lane) {
+Lane& LaneRegistry::join(std::uint64_t peer, Direction direction,
+                         const ofi::RailPlacement& placement) {
+  std::lock_guard lock(mutex_);
+  PeerComms& comms = peers_[peer];
+  const std::uint64_t ordinal = comms.ordinals[static_cast<std::size_t>(direction)];
+  // Without grouping every communicator gets a group, and so a lane, of its own. Those numbers
+  // lie above any group index (ngroups <= 256).
+  const std::uint64_t group =
+      ngroups_ == 0 ? (std::uint64_t{1} << 63) + next_private_group_++ : ordinal % ngroups_;
+  LaneKey key{placement.data, placement.control, direction, group};
+  auto [it, opened] = lanes_.try_emplace(std::move(key));
+  Entry& entry = it->second;
+  if (opened) {
     try {
-      entry.lane = std::make_unique<Lane>(placement, shape_, key, next_lane_id_++, deferred_lanes_);
+      entry.lane =
+          std::make_unique<Lane>(placement, shape_, it->first, next_lane_id_++, deferred_lanes_);
     } catch (...) {
-      lanes_.erase(key);
+      lanes_.erase(it);
+      if (comms.open == 0) peers_.erase(peer);
       throw;
     }
     ++lanes_opened_;
     order_.push_back(entry.lane.get());
   }
+  ++comms.ordinals[static_cast<std::size_t>(direction)];
+  ++comms.open;
   ++entry.references;
   return *entry.lane;
 }
 
-Lane& LaneRegistry::join_send(std::uint64_t peer, const ofi::RailPlacement& placement) {
-  std::lock_guard lock(mutex_);
-  const std::uint64_t ordinal = send_ordinals_[peer]++;
-  // Without grouping the ordinal itself keys the lane: never shared.
-  const std::uint64_t group = ngroups_ == 0 ? ordinal : ordinal % ngroups_;
-  return join(LaneKey{peer, Direction::kSend, group}, placement);
-}
-
-Lane& LaneRegistry::join_recv(std::uint64_t peer, std::uint64_t sender_lane,
-                              const ofi::RailPlacement& placement) {
-  std::lock_guard lock(mutex_);
-  return join(LaneKey{peer, Direction::kRecv, sender_lane}, placement);
-}
-
-void LaneRegistry::leave(Lane& lane) {
+void LaneRegistry::leave(Lane& lane, std::uint64_t peer) {
   std::unique_ptr<Lane> closing;
   {
     std::lock_guard lock(mutex_);
+    if (auto p = peers_.find(peer); p != peers_.end() && --p->second.open == 0) peers_.erase(p);
     auto it = lanes_.find(lane.key());
     if (it == lanes_.end() || it->second.lane.get() != &lane) {
       util::log().error("lane registry: leave() for a lane it does not hold ({})", lane.id());
@@ -97,7 +98,7 @@ RegistryStats LaneRegistry::stats() const {
     std::lock_guard lane_lock(lane.mutex());
     LaneSummary summary{.id = lane.id(),
                         .direction = key.direction,
-                        .peer = key.peer,
+                        .peers = lane.peers(),
                         .comms = entry.references,
                         .retired = lane.stats().retired,
                         .endpoints = lane.rails().rails().size(),

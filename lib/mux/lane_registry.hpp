@@ -1,6 +1,8 @@
-// N:m grouping: the communicators to one peer in one direction share m lanes. A communicator's
-// group is its ordinal to that peer mod m; the first one in a group opens the lane, the others
-// take a reference. m == 0 turns sharing off (a lane per communicator) for comparison.
+// N:m grouping: the communicators of one direction whose rails sit on the same NICs share m
+// lanes, whatever their peers. A communicator's group is its ordinal to its peer (in its
+// direction) mod m, so one peer's communicators spread over the m lanes as NCCL's channels do;
+// the first one in a group opens the lane, the others take a reference. m == 0 turns sharing
+// off (a lane per communicator) for comparison.
 #pragma once
 
 #include <atomic>
@@ -31,7 +33,7 @@ struct RailSummary {
 struct LaneSummary {
   std::uint64_t id;
   Direction direction;
-  std::uint64_t peer;
+  std::size_t peers;      // in the lane's AVs
   std::size_t comms;      // communicators holding the lane (attached or draining)
   std::size_t retired;    // closed ones the lane keeps until their operations drain
   std::size_t endpoints;  // rails
@@ -54,15 +56,12 @@ class LaneRegistry {
 
   // Rails on every NIC in turn: what a lane uses when nothing ties it to particular NICs.
   [[nodiscard]] ofi::RailPlacement default_placement() const;
-  // The lane a new send communicator to `peer` joins; a lane it opens has its rails where
-  // `placement` says (a peer's lanes all get the same one). Throws loom::Error if a lane cannot
-  // open.
-  Lane& join_send(std::uint64_t peer, const ofi::RailPlacement& placement);
-  // The receive lane paired with the sender's lane `sender_lane` of `peer`.
-  Lane& join_recv(std::uint64_t peer, std::uint64_t sender_lane,
-                  const ofi::RailPlacement& placement);
-  // A communicator is gone from `lane` for good; the last one out closes it.
-  void leave(Lane& lane);
+  // The lane a new communicator to `peer` (its context id) in `direction` joins: the one of its
+  // group whose rails are where `placement` puts them, opened if there is none. Throws
+  // loom::Error if a lane cannot open.
+  Lane& join(std::uint64_t peer, Direction direction, const ofi::RailPlacement& placement);
+  // A communicator to `peer` is gone from `lane` for good; the last one out closes it.
+  void leave(Lane& lane, std::uint64_t peer);
 
   // Progresses one lane other than `busy`, round robin, if neither the registry nor that lane
   // is held by another thread. With manual progress a peer's request can depend on any of our
@@ -91,7 +90,12 @@ class LaneRegistry {
     std::unique_ptr<Lane> lane;
     std::size_t references = 0;
   };
-  Lane& join(const LaneKey& key, const ofi::RailPlacement& placement);
+  // A peer's communicators so far in each direction (their groups), and those open now: the
+  // entry goes with the peer's last communicator.
+  struct PeerComms {
+    std::uint64_t ordinals[2] = {0, 0};  // by Direction
+    std::size_t open = 0;
+  };
 
   std::vector<ofi::Nic*> nics_;
   LaneShape shape_;
@@ -101,7 +105,8 @@ class LaneRegistry {
   std::map<LaneKey, Entry> lanes_;
   std::vector<Lane*> order_;  // lanes for progress_another, in opening order
   std::size_t cursor_ = 0;
-  std::map<std::uint64_t, std::uint64_t> send_ordinals_;  // peer -> send communicators so far
+  std::map<std::uint64_t, PeerComms> peers_;  // by peer context id
+  std::uint64_t next_private_group_ = 0;      // ngroups 0: a group per communicator
   std::uint64_t next_lane_id_ = 1;
   std::uint64_t lanes_opened_ = 0;
 };

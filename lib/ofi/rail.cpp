@@ -128,6 +128,13 @@ Address Rail::insert_peer(std::span<const std::byte> address) {
   return peer;
 }
 
+void Rail::remove_peer(Address peer) noexcept {
+  fi_addr_t address = peer;
+  if (int rc = fi_av_remove(av_.get(), &address, 1, 0); rc != 0) {
+    util::log().warn("fi_av_remove on {}: {}", describe(true), fi_error_text(rc));
+  }
+}
+
 void RxCqDataCredits::post_all() {
   credits_.resize(kCount);
   waiting_.reserve(kCount);  // repost() never allocates

@@ -101,6 +101,9 @@ class Rail {
 
   // Peers. Throws loom::Error on a malformed address.
   Address insert_peer(std::span<const std::byte> address);
+  // Takes the peer out of the AV (rxm closes its connection to it). Only once nothing of the
+  // rail's is in flight to it: a failure is logged, never thrown.
+  void remove_peer(Address peer) noexcept;
 
   [[nodiscard]] CompletionQueue& completion_queue() const noexcept { return *cq_; }
   // Sets the handler of the CQ this rail completes on (shared by the rail set's rails there).

@@ -164,6 +164,7 @@ ContextStats Context::stats() const {
   for (const auto& lane : registry.lanes) {
     LaneDescription description{.id = lane.id,
                                 .send = lane.direction == mux::Direction::kSend,
+                                .peers = lane.peers,
                                 .comms = lane.comms,
                                 .retired = lane.retired,
                                 .endpoints = lane.endpoints,

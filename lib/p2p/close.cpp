@@ -97,11 +97,15 @@ void Comm::close(std::unique_ptr<Comm> self) {
     }
     drained = self->drained();
     // Operations still out keep using their registrations until the lane frees them.
-    if (drained) self->release_registrations();
+    if (drained) {
+      self->release_registrations();
+      self->release_peer_addresses();
+    }
     lane.detach(self->id_);
   }
   // The caller (loom::Communicator, or the handshake) keeps the context alive past leave().
   mux::LaneRegistry& lanes = self->lanes_;
+  const std::uint64_t peer = self->peer_context_;
   if (!drained) {
     util::log().info(
         "communicator {} on lane {} closed with operations in flight; the lane "
@@ -111,7 +115,7 @@ void Comm::close(std::unique_ptr<Comm> self) {
     lane.retire(std::move(self));
   }
   self.reset();
-  lanes.leave(lane);
+  lanes.leave(lane, peer);
 }
 
 // ---- sender ----

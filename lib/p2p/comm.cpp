@@ -32,7 +32,7 @@ void Request::on_completion(ofi::OpContext& op, const ofi::Completion& completio
   comm->on_op(*this, op_index(op), completion);
 }
 
-Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction)
+Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::uint64_t peer)
     : settings_{.eager_max = core.config().eager_max,
                 .inject_max = core.config().inject_max,
                 .min_stripe = core.config().min_stripe,
@@ -43,6 +43,7 @@ Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction)
       lanes_(core.lanes()),
       lane_(&lane),
       direction_(direction),
+      peer_context_(peer),
       // Both directions use it: no eager send, and no eager receive, past what the provider
       // takes in one transfer.
       eager_max_(std::min(settings_.eager_max, lane.rails().max_msg_size())),
@@ -62,11 +63,19 @@ Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction)
 Comm::~Comm() {
   if (closed_) {
     release_registrations();
+    release_peer_addresses();
     return;
   }
   std::lock_guard lock(lane_->mutex());
   release_registrations();
+  release_peer_addresses();
   lane_->detach(id_);
+}
+
+void Comm::release_peer_addresses() noexcept {
+  lane_->release_peer(peer_data_, peer_control_);
+  peer_data_.clear();
+  peer_control_.clear();
 }
 
 void Comm::release_registrations() {
@@ -108,11 +117,11 @@ void Comm::connect_peer(const LaneAddresses& peer) {
   peer_id_ = peer.comm;
   inject_max_ = settings_.inject_max;
   for (std::size_t i = 0; i < data_rails_; ++i) {
-    peer_data_.push_back(lane_->peer_address(i, peer.data[i]));
+    peer_data_.push_back(lane_->acquire_peer(i, peer.data[i]));
     inject_max_ = std::min(inject_max_, rails.data(i).nic().attributes().inject_size);
   }
   for (std::size_t i = 0; i < control_rails_; ++i) {
-    peer_control_.push_back(lane_->peer_address(rails.data_rails() + i, peer.control[i]));
+    peer_control_.push_back(lane_->acquire_peer(rails.data_rails() + i, peer.control[i]));
   }
 }
 

@@ -51,7 +51,8 @@ struct CommSettings {
 
 class Comm : public mux::CommPort {
  public:
-  Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction);
+  // `peer` is the peer context's id (the lane registry counts each peer's communicators).
+  Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::uint64_t peer);
   ~Comm() override;
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -94,6 +95,9 @@ class Comm : public mux::CommPort {
   Request* allocate(RequestKind kind);
   // Gives every registration back to the lane's cache (under the lane lock).
   void release_registrations();
+  // Gives the peer's addresses back to the lane (under the lane lock): once no communicator
+  // uses them, the peer leaves the lane's AVs.
+  void release_peer_addresses() noexcept;
   // The registration behind `region` covering [data, data + size), or nullptr (last_error_ set).
   const ofi::MemoryRegistration* lookup(const MemoryRegion& region, const void* data,
                                         std::size_t size);
@@ -177,6 +181,7 @@ class Comm : public mux::CommPort {
   mux::LaneRegistry& lanes_;  // the context's
   mux::Lane* lane_;
   mux::Direction direction_;
+  std::uint64_t peer_context_;
   mux::CommId id_ = 0;
   mux::CommId peer_id_ = 0;
   std::size_t data_rails_ = 0;  // used with this peer: min of both sides

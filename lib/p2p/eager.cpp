@@ -1,7 +1,8 @@
 // Eager: a message up to the eager limit goes as one tagged send (tag = kind | peer comm id |
 // seq, CQ data = the user's tag) straight into the eager receive posted in its buffer, once the
 // clear-to-send said that receive is there. The receiver keeps a quarter of each data rail's
-// receive queue free of posted receives (mux::Lane::may_post_receive).
+// receive queue free of posted receives, and holds no more than its fair share of the rest
+// (mux::Lane::may_post_receive).
 #include "ofi/memory_registration.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
@@ -59,7 +60,7 @@ bool RecvCommImpl::post_receive(Request& r, std::size_t i) {
   ofi::Rail& data_rail = lane_->rails().data(rail);
   // Leaves part of the provider's queue free of posted receives (Lane::may_post_receive).
   const Status status =
-      !lane_->may_post_receive(rail)
+      !lane_->may_post_receive(rail, receives_held_)
           ? Status::kRetry
           : data_rail.tagged_recv(
                 part.data, part.size, part.registration ? part.registration->desc(rail) : nullptr,
@@ -68,6 +69,7 @@ bool RecvCommImpl::post_receive(Request& r, std::size_t i) {
     part.recv_outstanding = true;
     ++r.ops_outstanding;
     lane_->receive_posted(rail);
+    ++receives_held_;
   } else if (status == Status::kRetry) {
     retry_later(r);
     return false;

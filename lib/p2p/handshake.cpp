@@ -16,11 +16,11 @@ constexpr std::size_t kHandshakeBytes = mux::kMaxControlBody;
 
 // Makes a communicator of type T on `lane`, leaving the lane again if that fails.
 template <typename T>
-std::unique_ptr<Comm> make_comm(ContextCore& core, mux::Lane& lane) {
+std::unique_ptr<Comm> make_comm(ContextCore& core, mux::Lane& lane, std::uint64_t peer) {
   try {
-    return std::make_unique<T>(core, lane);
+    return std::make_unique<T>(core, lane, peer);
   } catch (...) {
-    core.lanes().leave(lane);
+    core.lanes().leave(lane, peer);
     throw;
   }
 }
@@ -140,9 +140,9 @@ std::unique_ptr<RecvComm> ListenerState::accept() {
   std::unique_ptr<Comm> comm;
   try {
     mux::Lane& lane =
-        core_->lanes().join_recv(message.context, message.lane.lane,
-                                 placement_facing(core_->nics(), core_->lanes(), message.lane));
-    comm = make_comm<RecvCommImpl>(*core_, lane);
+        core_->lanes().join(message.context, mux::Direction::kRecv,
+                            placement_facing(core_->nics(), core_->lanes(), message.lane));
+    comm = make_comm<RecvCommImpl>(*core_, lane, message.context);
     comm->connect_peer(message.lane);
     AcceptMessage accept{
         .connect_id = message.connect_id, .context = core_->id(), .lane = comm->local_addresses()};
@@ -197,8 +197,9 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
   };
   if (!sent_) {
     try {
-      mux::Lane& lane = core_->lanes().join_send(target_.context, route_.placement);
-      comm_ = make_comm<SendCommImpl>(*core_, lane);
+      mux::Lane& lane =
+          core_->lanes().join(target_.context, mux::Direction::kSend, route_.placement);
+      comm_ = make_comm<SendCommImpl>(*core_, lane, target_.context);
       const std::span<const std::byte> listener = target_.addresses[route_.address];
       // The answer comes back to the bootstrap rail the connect leaves from.
       auto reply_to = bootstrap.address(bootstrap.rail_for(listener));

@@ -8,8 +8,8 @@
 
 namespace loom::p2p {
 
-RecvCommImpl::RecvCommImpl(ContextCore& core, mux::Lane& lane)
-    : Comm(core, lane, mux::Direction::kRecv), by_seq_(kSeqWindow) {}
+RecvCommImpl::RecvCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
+    : Comm(core, lane, mux::Direction::kRecv, peer), by_seq_(kSeqWindow) {}
 
 Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
   request = nullptr;
@@ -172,6 +172,7 @@ void RecvCommImpl::on_op(Request& r, std::size_t i, const ofi::Completion& compl
   --r.ops_outstanding;
   part.recv_outstanding = false;
   lane_->receive_finished(part.seq % data_rails_);
+  --receives_held_;
   on_eager(r, part, completion);
 }
 

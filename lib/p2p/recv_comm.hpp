@@ -13,7 +13,7 @@ namespace loom::p2p {
 
 class RecvCommImpl final : public Comm {
  public:
-  RecvCommImpl(ContextCore& core, mux::Lane& lane);
+  RecvCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer);
 
   Status irecv(std::span<const RecvBuffer> buffers, Request*& request);
   Status iflush(std::span<const RecvBuffer> buffers, Request*& request);
@@ -67,6 +67,7 @@ class RecvCommImpl final : public Comm {
   ClearToSend batch_;             // entries not sent yet
   std::vector<PartRef> batched_;  // the buffers they describe
   std::size_t batch_limit_ = 0;
+  std::size_t receives_held_ = 0;  // eager receives posted (the lane limits each comm's share)
   // Closing with announced buffers unfinished: the writes the sender says it posted towards
   // them, and those seen (before the close in the parts, after it here).
   bool awaiting_writes_ = false;

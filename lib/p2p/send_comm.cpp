@@ -10,8 +10,8 @@
 
 namespace loom::p2p {
 
-SendCommImpl::SendCommImpl(ContextCore& core, mux::Lane& lane)
-    : Comm(core, lane, mux::Direction::kSend),
+SendCommImpl::SendCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
+    : Comm(core, lane, mux::Direction::kSend, peer),
       min_stripe_(settings_.min_stripe),
       clearances_(kSeqWindow),
       key_stride_(lane.rails().data_rails()),

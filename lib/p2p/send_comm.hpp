@@ -13,7 +13,7 @@ namespace loom::p2p {
 
 class SendCommImpl final : public Comm {
  public:
-  SendCommImpl(ContextCore& core, mux::Lane& lane);
+  SendCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer);
 
   Status isend(const void* data, std::size_t size, Tag tag, const MemoryRegion& region,
                Request*& request);

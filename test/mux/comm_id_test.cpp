@@ -77,7 +77,7 @@ TEST_CASE("mux ids of closed communicators are not reused soon and their traffic
     fresh_id = lane.attach(fresh);
   }
   REQUIRE(fresh_id != stale);
-  const ofi::Address self = lane.peer_address(1, lane.rails().control(0).address());
+  const ofi::Address self = lane.acquire_peer(1, lane.rails().control(0).address());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   auto send = [&](std::uint8_t type, mux::CommId to) {
     Status status = lane.control().send(0, self, type, to, {});
@@ -101,7 +101,7 @@ TEST_CASE("mux ids of closed communicators are not reused soon and their traffic
   ofi::MemoryRegistration registration(ofi::registration_targets(lane.rails().rails()),
                                        target.data(), target.size());
   ofi::Rail& data = lane.rails().data(0);
-  const ofi::Address self_data = lane.peer_address(0, data.address());
+  const ofi::Address self_data = lane.acquire_peer(0, data.address());
   WriteDone write;
   ofi::OpContext op{.provider_scratch = {}, .handler = &write};
   const std::uint32_t immediate =

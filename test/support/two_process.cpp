@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include <dirent.h>
 #include <poll.h>
@@ -96,20 +97,26 @@ void remove_shm_regions(pid_t pid) {
 
 }  // namespace
 
-std::string run_pair(const std::function<void(Channel&)>& parent_role,
-                     const std::function<void(Channel&)>& child_role,
-                     std::chrono::seconds timeout) {
+namespace {
+
+// Forks a child that runs `role` on its end of a new socketpair and exits (1 if it threw);
+// returns its pid and the parent's end, or pid -1.
+std::pair<pid_t, int> fork_role(const std::function<void(Channel&)>& role) {
   int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return "socketpair failed";
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return {-1, -1};
   std::fflush(nullptr);
   pid_t child = ::fork();
-  if (child < 0) return "fork failed";
+  if (child < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return {-1, -1};
+  }
   if (child == 0) {
     ::close(fds[0]);
     Channel channel(fds[1]);
     int code = 0;
     try {
-      child_role(channel);
+      role(channel);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "child failed: %s\n", e.what());
       code = 1;
@@ -118,32 +125,75 @@ std::string run_pair(const std::function<void(Channel&)>& parent_role,
     ::_exit(code);  // no atexit handlers or Catch2 reporting in the child
   }
   ::close(fds[1]);
-  Channel channel(fds[0]);
+  return {child, fds[0]};
+}
+
+// Waits for `child` until `deadline` (then kills it); "" when it exited 0, else what happened.
+std::string reap(pid_t child, std::chrono::steady_clock::time_point deadline) {
+  int status = 0;
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      remove_shm_regions(child);
+      return "child timed out and was killed";
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  if (WIFSIGNALED(status)) remove_shm_regions(child);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return WIFSIGNALED(status) ? "child killed by signal " + std::to_string(WTERMSIG(status))
+                             : "child exited with " + std::to_string(WEXITSTATUS(status));
+}
+
+}  // namespace
+
+std::string run_pair(const std::function<void(Channel&)>& parent_role,
+                     const std::function<void(Channel&)>& child_role,
+                     std::chrono::seconds timeout) {
+  const auto [child, fd] = fork_role(child_role);
+  if (child < 0) return "socketpair or fork failed";
+  Channel channel(fd);
   std::string failure;
   try {
     parent_role(channel);
   } catch (const std::exception& e) {
     failure = std::string("parent failed: ") + e.what();
   }
-  ::close(fds[0]);  // a child blocked on the channel now sees it closed
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  int status = 0;
-  while (::waitpid(child, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(child, SIGKILL);
-      ::waitpid(child, &status, 0);
-      return failure + (failure.empty() ? "" : "; ") + "child timed out and was killed";
+  ::close(fd);  // a child blocked on the channel now sees it closed
+  const std::string child_outcome = reap(child, std::chrono::steady_clock::now() + timeout);
+  if (child_outcome.empty()) return failure;
+  return failure + (failure.empty() ? "" : "; ") + child_outcome;
+}
+
+StarOutcome run_star(const std::function<void(std::span<Channel>)>& hub_role,
+                     const std::function<void(Channel&, std::size_t)>& peer_role, std::size_t peers,
+                     std::chrono::seconds timeout) {
+  StarOutcome outcome;
+  std::vector<pid_t> children;
+  std::vector<Channel> channels;
+  std::vector<int> fds;
+  for (std::size_t i = 0; i < peers; ++i) {
+    const auto [child, fd] = fork_role([&, i](Channel& channel) { peer_role(channel, i); });
+    if (child < 0) {
+      outcome.hub = "socketpair or fork failed for peer " + std::to_string(i);
+      break;
     }
-    std::this_thread::sleep_for(5ms);
+    children.push_back(child);
+    fds.push_back(fd);
+    channels.emplace_back(fd);
   }
-  if (WIFSIGNALED(status)) remove_shm_regions(child);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::string why = WIFSIGNALED(status)
-                          ? "child killed by signal " + std::to_string(WTERMSIG(status))
-                          : "child exited with " + std::to_string(WEXITSTATUS(status));
-    return failure + (failure.empty() ? "" : "; ") + why;
+  if (outcome.hub.empty()) {
+    try {
+      hub_role(channels);
+    } catch (const std::exception& e) {
+      outcome.hub = std::string("hub failed: ") + e.what();
+    }
   }
-  return failure;
+  for (int fd : fds) ::close(fd);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (pid_t child : children) outcome.peers.push_back(reap(child, deadline));
+  return outcome;
 }
 
 void poll_until(const std::function<bool()>& done, const std::function<void()>& step,

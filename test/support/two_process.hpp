@@ -63,6 +63,20 @@ std::string run_pair(const std::function<void(Channel&)>& parent_role,
                      const std::function<void(Channel&)>& child_role,
                      std::chrono::seconds timeout = 120s);
 
+// What run_star saw: "" for the hub and each peer that did its part, else what went wrong
+// ("hub failed: ...", "child killed by signal 9", "child exited with 1").
+struct StarOutcome {
+  std::string hub;
+  std::vector<std::string> peers;
+};
+
+// Runs `hub_role` here with a channel to each of `peers` forked children, which run
+// `peer_role(channel, index)`. Children still running `timeout` after the hub's role returned
+// are killed.
+StarOutcome run_star(const std::function<void(std::span<Channel>)>& hub_role,
+                     const std::function<void(Channel&, std::size_t)>& peer_role, std::size_t peers,
+                     std::chrono::seconds timeout = 120s);
+
 // Polls `step` until `done` returns true or `timeout` passes (then throws Failure(`what`)).
 void poll_until(const std::function<bool()>& done, const std::function<void()>& step,
                 const std::string& what, std::chrono::milliseconds timeout = 30000ms);
