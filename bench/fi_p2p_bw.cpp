@@ -112,7 +112,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fi_p2p_bw: %s (try --help)\n", e.what());
     return 2;
   }
-  loom::bench::apply_provider_settings(options);
+  if (options.provider_settings) {
+    loom::bench::apply_provider_settings(loom::bench::make_config(options));
+  }
   if (options.loopback) return run_loopback(options);
   pin_to(options.pin_cores, 0);
   try {

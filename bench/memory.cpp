@@ -1,13 +1,22 @@
 #include "memory.hpp"
 
 #include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "loom/error.hpp"
 
 namespace loom::bench {
+
+long resident_kib() {
+  std::ifstream statm("/proc/self/statm");
+  long pages_total = 0, pages_resident = 0;
+  statm >> pages_total >> pages_resident;
+  return pages_resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
 
 void HugePageBuffer::assign(std::size_t size, std::byte fill) {
   const std::size_t rounded =

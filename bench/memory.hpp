@@ -13,6 +13,9 @@
 
 namespace loom::bench {
 
+// This process's resident set size in KiB (/proc/self/statm: resident pages × page size).
+long resident_kib();
+
 // Message buffers are aligned to 2 MiB, sized in 2 MiB steps and advised MADV_HUGEPAGE, so
 // that transparent huge pages back them as they back large malloc'd buffers, fabtests' among
 // them (64 messages' worth each way): with 4 KiB pages shm's process_vm_readv spends much of

@@ -142,6 +142,11 @@ std::vector<std::byte> Oob::receive() {
   return bytes;
 }
 
+bool Oob::readable() const {
+  pollfd pfd{fd_, POLLIN, 0};
+  return ::poll(&pfd, 1, 0) > 0;
+}
+
 void Oob::sync() {
   send_value<std::uint32_t>(0x5359434E);
   if (receive_value<std::uint32_t>() != 0x5359434E)

@@ -1,5 +1,6 @@
 // The out-of-band channel the two fi_p2p_bw processes use to swap loom handles and results:
-// a TCP socket (server and client on two hosts) or a socketpair (--loopback).
+// a TCP socket (server and client on two hosts) or a socketpair (--loopback); fi_p2p_hub's
+// socketpair to each peer.
 #pragma once
 
 #include <chrono>
@@ -27,6 +28,8 @@ class Oob {
 
   void send(std::span<const std::byte> bytes);
   std::vector<std::byte> receive();  // throws after the timeout or when the peer is gone
+  // A message (or the peer's close) is waiting: receive() would not wait for it. Never blocks.
+  [[nodiscard]] bool readable() const;
   template <typename T>
   void send_value(const T& value) {
     send({reinterpret_cast<const std::byte*>(&value), sizeof value});

@@ -2,12 +2,14 @@
 
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "loom/config.hpp"
+#include "loom/p2p.hpp"
 
 namespace loom::bench {
 
@@ -156,6 +158,15 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     o.pin_cores.push_back(static_cast<int>(core));
   }
   return ParseResult::kRun;
+}
+
+void apply_provider_settings(const Config& config) {
+  for (const ProviderSetting& s : recommended_provider_settings(config)) {
+    if (std::getenv(s.name.c_str()) != nullptr) continue;
+    setenv(s.name.c_str(), s.value.c_str(), 0);
+    std::printf("# %s=%s (loom's recommendation: %s)\n", s.name.c_str(), s.value.c_str(),
+                s.why.c_str());
+  }
 }
 
 }  // namespace loom::bench

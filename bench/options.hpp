@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "loom/config.hpp"
 #include "memory.hpp"
 
 namespace loom::bench {
@@ -48,5 +49,11 @@ enum class ParseResult { kRun, kExit };
 // Fills `options`; on --help or --print-config prints and returns kExit; on a bad option
 // prints one line to stderr and throws std::invalid_argument.
 ParseResult parse_options(int argc, char** argv, Options& options);
+
+// loom never writes the environment (a library cannot know its host's threads); the benches,
+// still single-threaded, set loom's recommended provider settings for `config` that the
+// environment lacks, so that their figures are what the README's recommendations give. Prints
+// each one it sets.
+void apply_provider_settings(const Config& config);
 
 }  // namespace loom::bench

@@ -12,9 +12,7 @@
 extern char** environ;  // NOLINT: POSIX
 
 namespace loom::bench {
-namespace {
 
-// fabtests' size notation: 4k, 1m, 64.
 std::string size_text(double value) {
   const char* suffix[] = {"", "k", "m", "g", "t"};
   int i = 0;
@@ -26,6 +24,8 @@ std::string size_text(double value) {
   std::snprintf(text, sizeof text, "%.0f%s", value, suffix[i]);
   return text;
 }
+
+namespace {
 
 std::string count_text(double value) {
   const char* suffix[] = {"", "k", "m", "g", "t"};

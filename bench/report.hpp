@@ -11,6 +11,9 @@
 
 namespace loom::bench {
 
+// fabtests' size notation: 4k, 1m, 64.
+std::string size_text(double value);
+
 class Report {
  public:
   Report(const Options& options, const Context& context);

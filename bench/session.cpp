@@ -4,11 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <optional>
 #include <stdexcept>
-
-#include <unistd.h>
 
 namespace loom::bench {
 namespace {
@@ -17,13 +14,6 @@ using Clock = std::chrono::steady_clock;
 
 std::byte pattern(std::uint64_t message, std::size_t i) {
   return static_cast<std::byte>(((message * 131 + i * 7 + (i >> 9)) & 0xff) | 1);
-}
-
-long rss_kib() {
-  std::ifstream statm("/proc/self/statm");
-  long pages_total = 0, pages_resident = 0;
-  statm >> pages_total >> pages_resident;
-  return pages_resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
 }  // namespace
@@ -39,16 +29,6 @@ Config make_config(const Options& options) {
   return config;
 }
 
-void apply_provider_settings(const Options& options) {
-  if (!options.provider_settings) return;
-  for (const ProviderSetting& s : recommended_provider_settings(make_config(options))) {
-    if (std::getenv(s.name.c_str()) != nullptr) continue;
-    setenv(s.name.c_str(), s.value.c_str(), 0);
-    std::printf("# %s=%s (loom's recommendation: %s)\n", s.name.c_str(), s.value.c_str(),
-                s.why.c_str());
-  }
-}
-
 Session::Session(const Options& options, Oob& oob)
     : options_(options),
       oob_(oob),
@@ -62,7 +42,7 @@ SetupFigures Session::connect_all() {
   Listener listener = context_->listen();
   oob_.send(listener.handle().view());
   const Handle peer = Handle::from_bytes(oob_.receive());
-  const long rss_before = rss_kib();
+  const long rss_before = resident_kib();
   std::vector<double> times;
   const auto timeout = std::chrono::seconds(options_.timeout_s);
   // The client sends on N communicators; the server answers on one (window acks, ping-pong),
@@ -105,7 +85,7 @@ SetupFigures Session::connect_all() {
   figures.median_connect_us = times[times.size() / 2];
   figures.comms_held = send_.size() + recv_.size();
   figures.memory_per_comm_kib =
-      static_cast<double>(rss_kib() - rss_before) / static_cast<double>(figures.comms_held);
+      static_cast<double>(resident_kib() - rss_before) / static_cast<double>(figures.comms_held);
   return figures;
 }
 

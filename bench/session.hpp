@@ -42,11 +42,6 @@ struct SetupFigures {
 // The context's configuration: the environment's, with the command line's overrides.
 [[nodiscard]] Config make_config(const Options& options);
 
-// loom never writes the environment (a library cannot know its host's threads); fi_p2p_bw,
-// still single-threaded, sets loom's recommended provider settings that the environment lacks,
-// so that its figures are what the README's recommendations give. Prints what it set.
-void apply_provider_settings(const Options& options);
-
 class Session {
  public:
   Session(const Options& options, Oob& oob);
