@@ -137,6 +137,7 @@ class Hub {
     // Once for every peer, before the first: RSS growth is the peers' alone.
     send_buffer_.assign(options.comms * options.size, std::byte{0});
     recv_buffer_.assign(options.comms * options.size, std::byte{0});
+    rss_before_kib_ = resident_kib();
   }
 
   // Adds peers 1..P in turn, printing a row at each checkpoint. Throws std::runtime_error
@@ -164,6 +165,7 @@ class Hub {
   std::vector<PeerFigures> peers_;
   std::vector<Row> rows_;
   double close_ms_ = 0;
+  long rss_before_kib_ = 0;  // before the first peer (context, listener and buffers made)
 };
 
 void Hub::header() const {
@@ -363,7 +365,8 @@ void Hub::write_json(bool ok, const std::string& error) const {
                            {"timeout_s", options_.timeout_s}}},
                          {"rows", rows},
                          {"per_peer", per_peer},
-                         {"close_ms", close_ms_}};
+                         {"close_ms", close_ms_},
+                         {"rss_before_kib", rss_before_kib_}};
   std::ofstream out(options_.json);
   if (!out) throw std::runtime_error("cannot write " + options_.json);
   out << document.dump(2) << "\n";

@@ -32,8 +32,9 @@ TEST_CASE("provider profiles: environment defaults for the named family", "[prof
   using Defaults = std::map<std::string, std::string>;
   CHECK(defaults_for("shm").empty());
   // rxm over tcp or verbs: per-connection bounce buffers (README, Providers).
-  CHECK(defaults_for("tcp;ofi_rxm") == Defaults{{"FI_OFI_RXM_USE_SRX", "0"}});
-  CHECK(defaults_for("verbs;ofi_rxm") == Defaults{{"FI_OFI_RXM_USE_SRX", "0"}});
+  const Defaults rxm{{"FI_OFI_RXM_USE_SRX", "1"}, {"FI_OFI_RXM_MSG_RX_SIZE", "256"}};
+  CHECK(defaults_for("tcp;ofi_rxm") == rxm);
+  CHECK(defaults_for("verbs;ofi_rxm") == rxm);
   CHECK(defaults_for("cxi,shm") == Defaults{{"FI_CXI_RX_MATCH_MODE", "hybrid"}});
   // EFA turns device RDMA on where the device has it; forcing it aborts on first-generation
   // devices, so loom never sets it.
@@ -51,14 +52,15 @@ TEST_CASE("provider profiles: environment defaults for the named family", "[prof
 }
 
 // The README's main command names no provider: libfabric picks one, so every family's
-// defaults apply, each variable once.
+// settings are recommended, each variable once.
 TEST_CASE("provider profiles: every family's defaults when none is named", "[profile]") {
   for (const char* requested : {"", "^efa", "psm3"}) {
     INFO("requested " << requested);
     CHECK(defaults_for(requested) ==
-          std::map<std::string, std::string>{{"FI_OFI_RXM_USE_SRX", "0"},
+          std::map<std::string, std::string>{{"FI_OFI_RXM_USE_SRX", "1"},
+                                             {"FI_OFI_RXM_MSG_RX_SIZE", "256"},
                                              {"FI_CXI_RX_MATCH_MODE", "hybrid"}});
-    CHECK(settings_for(requested).size() == 2);
+    CHECK(settings_for(requested).size() == 3);
   }
 }
 
