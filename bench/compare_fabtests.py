@@ -9,6 +9,11 @@ virtual machine whole runs slow down by half now and then, and a short run is al
 other.
 
   FABTESTS_BIN=/tmp/fabtests/bin bench/compare_fabtests.py [--providers tcp,shm] [--reps 3]
+  FABTESTS_BIN=... bench/compare_fabtests.py --latency [--lat-sizes 8,256,4k,16k]
+
+--latency prints one-way latency instead, against fi_rdm_tagged_pingpong: both tools run the
+same untimed warmup rounds (-w) and timed rounds (-I / fi_p2p_bw --lat-iters), and both report
+the timed rounds' total time / rounds / 2 (fabtests' usec/xfer; fi_p2p_bw's lat(us)).
 
 fabtests are not part of loom: build them from libfabric's source (matching the installed
 libfabric) into a directory of your own and point FABTESTS_BIN at its bin/.
@@ -60,6 +65,59 @@ def run_fabtests(binary, extra, provider, size, port):
     return float(fields[4]), float(fields[6])  # MB/sec, Mxfers/sec
 
 
+def run_pingpong(binary, provider, size, port, rounds, warmup):
+    args = fabtests_args(provider) + ["-S", str(to_bytes(size)), "-I", str(rounds), "-w",
+                                      str(warmup)]
+    server = subprocess.Popen(["taskset", "-c", "0", binary] + args + ["-B", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.4)
+    try:
+        out = subprocess.run(["taskset", "-c", "1", binary] + args + ["-P", str(port), "127.0.0.1"],
+                             capture_output=True, text=True, timeout=180).stdout
+    finally:
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    return float(out.strip().splitlines()[-1].split()[5])  # usec/xfer: one-way
+
+
+def run_loom_latency(binary, provider, size, json_path, rounds, warmup):
+    env = dict(os.environ, LOOM_PROVIDER=provider, FI_PROVIDER=provider)
+    if provider != "shm":
+        env["LOOM_NICS"] = "lo"
+    subprocess.run([binary, "--loopback", "--pin-core", "0,1", "-S", f"l:{size}", "--no-bw",
+                    "--lat-iters", str(rounds), "-w", str(warmup), "--json", json_path],
+                   env=env, check=True, capture_output=True, timeout=300)
+    with open(json_path) as f:
+        return json.load(f)["results"][0]["latency_avg_us"]
+
+
+def latency_tables(args, fabtests, tmp):
+    pingpong = os.path.join(fabtests, "fi_rdm_tagged_pingpong")
+    port = PORT + 5000
+    for provider in args.providers.split(","):
+        print(f"\n## {provider} one-way latency (loopback, server on core 0, client on core 1; "
+              f"{args.lat_iters} timed rounds after {args.lat_warmup}; median of {args.reps}, "
+              f"interleaved)")
+        print(f"{'size':>6} {'loom us':>8} {'pingpong us':>12} {'loom/pingpong':>14} "
+              f"{'paired':>7}")
+        for size in args.lat_sizes.split(","):
+            loom, ft = [], []
+            for rep in range(args.reps):
+                runs = [lambda p: ft.append(run_pingpong(pingpong, provider, size, p,
+                                                         args.lat_iters, args.lat_warmup)),
+                        lambda p: loom.append(run_loom_latency(args.loom, provider, size,
+                                                               f"{tmp}/l.json", args.lat_iters,
+                                                               args.lat_warmup))]
+                for k in range(len(runs)):
+                    port += 1
+                    runs[(rep + k) % len(runs)](port)
+            l, f = statistics.median(loom), statistics.median(ft)
+            paired = statistics.median(a / b for a, b in zip(loom, ft))
+            print(f"{size:>6} {l:8.2f} {f:12.2f} {l / f:14.2f} {paired:7.2f}", flush=True)
+
+
 def run_loom(binary, provider, size, json_path):
     env = dict(os.environ, LOOM_PROVIDER=provider, FI_PROVIDER=provider)
     if provider != "shm":
@@ -79,10 +137,19 @@ def main():
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--loom", default="build-release/bench/fi_p2p_bw")
+    parser.add_argument("--latency", action="store_true",
+                        help="one-way latency against fi_rdm_tagged_pingpong instead")
+    parser.add_argument("--lat-sizes", default="8,256,4k,16k")
+    parser.add_argument("--lat-iters", type=int, default=10000)
+    parser.add_argument("--lat-warmup", type=int, default=100)
     args = parser.parse_args()
     fabtests = os.environ.get("FABTESTS_BIN")
     if not fabtests:
         sys.exit("compare_fabtests: set FABTESTS_BIN to fabtests' bin directory")
+    if args.latency:
+        with tempfile.TemporaryDirectory() as tmp:
+            latency_tables(args, fabtests, tmp)
+        return
     tagged = os.path.join(fabtests, "fi_rdm_tagged_bw")
     rma = os.path.join(fabtests, "fi_rma_bw")
     port = PORT

@@ -110,6 +110,11 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   app.add_option("--timeout", o.timeout_s, "seconds to wait for the peer (default 30)")
       ->check(CLI::Range(1, 3600));
   app.add_flag("--no-pingpong", no_pingpong, "skip the latency pass");
+  bool no_bw = false;
+  app.add_flag("--no-bw", no_bw, "skip the bandwidth pass (latency only)");
+  app.add_option("--lat-iters", o.lat_iterations,
+                 "timed ping-pong rounds, after -w untimed ones (default iterations / 10, "
+                 "20 to 1000)");
   std::string pin;
   app.add_option("--pin-core", pin,
                  "cores to pin to, e.g. 0,1 (with --loopback: the server's, then the client's)");
@@ -150,6 +155,8 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     throw std::invalid_argument("--loopback runs both sides: give no server address");
   }
   o.pingpong = !no_pingpong;
+  o.bandwidth = !no_bw;
+  if (!o.pingpong && !o.bandwidth) throw std::invalid_argument("--no-bw with --no-pingpong");
   o.memory = MemoryChoice::parse(device);
   for (auto part : split(pin)) {
     if (part.empty()) continue;

@@ -33,6 +33,8 @@ struct Options {
   std::string json;                // --json FILE
   unsigned timeout_s = 30;         // --timeout: bootstrap and connect
   bool pingpong = true;            // --no-pingpong disables the latency pass
+  bool bandwidth = true;           // --no-bw: the latency pass alone
+  std::size_t lat_iterations = 0;  // --lat-iters; 0 = iterations / 10 within [20, 1000]
   std::vector<int> pin_cores;      // --pin-core LIST (with --loopback: server, then client)
   MemoryChoice memory;             // --device host|cuda[:N]
 

@@ -75,18 +75,19 @@ void Report::header() const {
       c.data_rails, c.ctrl_rails, options_.comms, c.ngroups, c.ngroups == 0 ? " (no sharing)" : "",
       size_text(c.eager_max).c_str(), size_text(c.min_stripe).c_str(), options_.window,
       options_.bidir ? ", bidir" : "", options_.verify ? ", verified" : "");
-  std::printf("%-8s %-8s %-8s %-9s %-10s %-10s %-11s %-8s %-9s %-9s\n", "bytes", "iters", "total",
-              "time", "MB/sec", "usec/xfer", "Mxfers/sec", "GB/s", "p50(us)", "p99(us)");
+  std::printf("%-8s %-8s %-8s %-9s %-10s %-10s %-11s %-8s %-9s %-9s %-9s\n", "bytes", "iters",
+              "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec", "GB/s", "lat(us)", "p50(us)",
+              "p99(us)");
   std::fflush(stdout);
 }
 
 void Report::row(const Figures& f) {
   rows_.push_back(f);
-  std::printf("%-8s %-8s %-8s %-9.2f %-10.2f %-10.2f %-11.3f %-8.3f %-9.2f %-9.2f\n",
+  std::printf("%-8s %-8s %-8s %-9.2f %-10.2f %-10.2f %-11.3f %-8.3f %-9.2f %-9.2f %-9.2f\n",
               size_text(static_cast<double>(f.size)).c_str(),
               count_text(static_cast<double>(f.iterations)).c_str(),
               size_text(static_cast<double>(f.bytes)).c_str(), f.seconds, f.mb_per_s(),
-              f.usec_per_xfer(), f.mxfers_per_s(), f.gb_per_s(), f.p50_us, f.p99_us);
+              f.usec_per_xfer(), f.mxfers_per_s(), f.gb_per_s(), f.lat_avg_us, f.p50_us, f.p99_us);
   std::fflush(stdout);
 }
 
@@ -166,6 +167,8 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
                        {"usec_per_xfer", f.usec_per_xfer()},
                        {"mxfers_per_sec", f.mxfers_per_s()},
                        {"gb_per_sec", f.gb_per_s()},
+                       {"latency_avg_us", f.lat_avg_us},
+                       {"latency_rounds", f.lat_rounds},
                        {"latency_p50_us", f.p50_us},
                        {"latency_p99_us", f.p99_us}});
   }

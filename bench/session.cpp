@@ -330,34 +330,46 @@ void Session::post_ack(bool send, std::vector<Pending>& pending) {
 }
 
 // One message there and back on the first pair of communicators; latency = round trip / 2.
-void Session::pingpong(std::size_t size, std::size_t count, Figures& figures) {
+// Like fabtests' pingpong: `warmup` untimed rounds, then `count` timed ones; the client's time
+// over those / count / 2 is the one-way latency fabtests calls usec/xfer. Each round's time / 2
+// gives the percentiles.
+void Session::pingpong(std::size_t size, std::size_t warmup, std::size_t count, Figures& figures) {
   std::vector<double> one_way;
   one_way.reserve(count);
   std::vector<Pending> pending;
   std::vector<Pending> ahead;
   oob_.sync();
-  for (std::size_t k = 0; k < count; ++k) {
+  const std::size_t rounds = warmup + count;
+  Clock::time_point timed_start;
+  for (std::size_t k = 0; k < rounds; ++k) {
     const std::size_t index = message_ + k;
     if (options_.is_client()) {
       // The reply's buffer is posted first, so the reply never waits for it.
       const auto start = Clock::now();
+      if (k == warmup) timed_start = start;
       post_receives(index, 1, size, pending);
       post_sends(index, 1, size, pending);
       wait_all(pending);
-      one_way.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() /
-                        2);
+      if (k >= warmup) {
+        one_way.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() /
+                          2);
+      }
     } else {
       // The next ping's buffer is posted before this reply goes, so the ping never waits.
       if (k == 0) post_receives(index, 1, size, pending);
       wait_all(pending);
-      if (k + 1 < count) post_receives(index + 1, 1, size, ahead);
+      if (k + 1 < rounds) post_receives(index + 1, 1, size, ahead);
       post_sends(index, 1, size, pending);
       wait_all(pending);
       pending.swap(ahead);
     }
   }
-  message_ += count;
+  message_ += rounds;
   if (one_way.empty()) return;
+  const double total_us =
+      std::chrono::duration<double, std::micro>(Clock::now() - timed_start).count();
+  figures.lat_avg_us = total_us / static_cast<double>(one_way.size()) / 2;
+  figures.lat_rounds = one_way.size();
   std::sort(one_way.begin(), one_way.end());
   figures.p50_us = one_way[one_way.size() / 2];
   figures.p99_us = one_way[std::min(one_way.size() - 1, one_way.size() * 99 / 100)];
@@ -369,11 +381,15 @@ Figures Session::measure(std::size_t size) {
   figures.size = size;
   const std::size_t iterations =
       options_.iterations ? options_.iterations : default_iterations(size);
-  if (options_.warmup > 0) bandwidth(size, options_.warmup, false, figures);
-  bandwidth(size, iterations, true, figures);
+  if (options_.bandwidth) {
+    if (options_.warmup > 0) bandwidth(size, options_.warmup, false, figures);
+    bandwidth(size, iterations, true, figures);
+  }
   if (options_.pingpong) {
-    const std::size_t rounds = std::clamp<std::size_t>(iterations / 10, 20, 1000);
-    pingpong(size, rounds, figures);
+    const std::size_t rounds = options_.lat_iterations != 0
+                                   ? options_.lat_iterations
+                                   : std::clamp<std::size_t>(iterations / 10, 20, 1000);
+    pingpong(size, options_.warmup, rounds, figures);
   }
   return figures;
 }

@@ -22,6 +22,9 @@ struct Figures {
   double seconds = 0;
   double p50_us = 0;  // one-way latency from the ping-pong pass (0 when skipped)
   double p99_us = 0;
+  // What fabtests' pingpong reports (usec/xfer): the timed rounds' total time / rounds / 2.
+  double lat_avg_us = 0;
+  std::size_t lat_rounds = 0;
 
   [[nodiscard]] double mb_per_s() const { return seconds > 0 ? bytes / seconds / 1e6 : 0; }
   [[nodiscard]] double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
@@ -72,7 +75,7 @@ class Session {
   void send_windows(std::size_t size, std::size_t count);
   void receive_windows(std::size_t size, std::size_t count);
   void exchange_windows(std::size_t size, std::size_t count);
-  void pingpong(std::size_t size, std::size_t count, Figures& figures);
+  void pingpong(std::size_t size, std::size_t warmup, std::size_t count, Figures& figures);
   void post_ack(bool send, std::vector<Pending>& pending);
   void wait_all(std::vector<Pending>& pending);
   void post_sends(std::size_t first, std::size_t count, std::size_t size,
