@@ -72,7 +72,10 @@ Comm::~Comm() {
   lane_->detach(id_);
 }
 
+// Once only: a communicator closed and drained gave them back under the lane lock in close(),
+// and its destructor (outside the lock) must not touch the lane again.
 void Comm::release_peer_addresses() noexcept {
+  if (peer_data_.empty() && peer_control_.empty()) return;
   lane_->release_peer(peer_data_, peer_control_);
   peer_data_.clear();
   peer_control_.clear();
