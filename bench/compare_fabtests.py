@@ -47,9 +47,8 @@ def fabtests_args(provider):
     return ["-p", provider, "-e", "rdm", "-d", "lo", "-s", "127.0.0.1"]
 
 
-def run_fabtests(binary, extra, provider, size, port):
-    args = fabtests_args(provider) + extra + ["-S", str(to_bytes(size)), "-I",
-                                             str(iterations(size))]
+def run_fabtests_pair(binary, args, port):
+    """Runs a fabtests server on core 0 and its client on core 1; returns the client's last line."""
     server = subprocess.Popen(["taskset", "-c", "0", binary] + args + ["-B", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.4)
@@ -61,25 +60,20 @@ def run_fabtests(binary, extra, provider, size, port):
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             server.kill()
-    fields = out.strip().splitlines()[-1].split()
+    return out.strip().splitlines()[-1].split()
+
+
+def run_fabtests(binary, extra, provider, size, port):
+    args = fabtests_args(provider) + extra + ["-S", str(to_bytes(size)), "-I",
+                                             str(iterations(size))]
+    fields = run_fabtests_pair(binary, args, port)
     return float(fields[4]), float(fields[6])  # MB/sec, Mxfers/sec
 
 
 def run_pingpong(binary, provider, size, port, rounds, warmup):
     args = fabtests_args(provider) + ["-S", str(to_bytes(size)), "-I", str(rounds), "-w",
                                       str(warmup)]
-    server = subprocess.Popen(["taskset", "-c", "0", binary] + args + ["-B", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(0.4)
-    try:
-        out = subprocess.run(["taskset", "-c", "1", binary] + args + ["-P", str(port), "127.0.0.1"],
-                             capture_output=True, text=True, timeout=180).stdout
-    finally:
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-    return float(out.strip().splitlines()[-1].split()[5])  # usec/xfer: one-way
+    return float(run_fabtests_pair(binary, args, port)[5])  # usec/xfer: one-way
 
 
 def run_loom_latency(binary, provider, size, json_path, rounds, warmup):

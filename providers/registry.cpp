@@ -50,9 +50,9 @@ std::vector<ProviderSetting> settings_for(std::string_view requested) {
   for (const Profile* profile : kProfiles) {
     if (any_named && !named(*profile)) continue;
     for (const ProviderSetting& env : profile->settings) {
-      const bool seen = std::any_of(defaults.begin(), defaults.end(), [&](const ProviderSetting& d) {
-        return std::string_view(d.name) == env.name;
-      });
+      const bool seen = std::any_of(
+          defaults.begin(), defaults.end(),
+          [&](const ProviderSetting& d) { return std::string_view(d.name) == env.name; });
       if (!seen) defaults.push_back(env);
     }
   }

@@ -1,11 +1,9 @@
-// verbs (InfiniBand/RoCE), reached as "verbs;ofi_rxm" for RDM endpoints. rxm's shared receive
-// queue holds 4096 registered 16 KiB bounce buffers per endpoint; without it each connection
-// gets 128. A loom lane's endpoints each talk to one peer (communicators share lanes, not
-// endpoints across peers), so per-connection buffers are the smaller pool, as on tcp;ofi_rxm
-// where the same rxm code runs (README, Providers).
+// verbs (InfiniBand/RoCE), reached as "verbs;ofi_rxm" for RDM endpoints; rxm's settings are
+// tcp's (providers/rxm.hpp), as the same rxm code runs over both.
 // Device limits come from rdma-core when loom is built with it.
 #include "loom_build_config.h"
 #include "providers/profile.hpp"
+#include "providers/rxm.hpp"
 
 #if LOOM_HAVE_IBVERBS
 #include <string>
@@ -15,15 +13,6 @@
 
 namespace loom::providers {
 namespace {
-
-constexpr ProviderSetting kVerbsEnv[] = {
-    {"FI_OFI_RXM_USE_SRX", "1",
-     "one shared receive queue per endpoint: lanes serve every peer, so per-connection "
-     "buffers would cost each peer (tcp: 6-9 MiB per peer at 16-32 peers, against 0.2)"},
-    {"FI_OFI_RXM_MSG_RX_SIZE", "256",
-     "that queue's bounce buffers; rxm's 4096 for a shared queue cost 250 MB and 190 ms per "
-     "process for no gain (fi_p2p_bw 4 KiB-16 MiB within noise)"},
-};
 
 #if LOOM_HAVE_IBVERBS
 std::optional<DeviceLimits> verbs_device_limits(std::string_view domain_name) {
@@ -54,7 +43,7 @@ std::optional<DeviceLimits> verbs_device_limits(std::string_view domain_name) {
 const Profile kVerbsProfile {
   .family = "verbs",
   .summary = "verbs;ofi_rxm: per-connection receive buffers; device limits from rdma-core",
-  .settings = kVerbsEnv,
+  .settings = kRxmSettings,
 #if LOOM_HAVE_IBVERBS
   .device_limits = verbs_device_limits,
 #endif

@@ -161,7 +161,8 @@ void report_missing_settings(const Config& config) {
       if (util::environment(s.name.c_str())) continue;
       text += std::string(text.empty() ? "" : "; ") + s.name + "=" + s.value + " (" + s.why + ")";
     }
-    if (!text.empty()) util::log().info("recommended provider settings not in the environment: {}", text);
+    if (!text.empty())
+      util::log().info("recommended provider settings not in the environment: {}", text);
   });
 }
 
