@@ -76,13 +76,17 @@ def run_pingpong(binary, provider, size, port, rounds, warmup):
     return float(run_fabtests_pair(binary, args, port)[5])  # usec/xfer: one-way
 
 
-def run_loom_latency(binary, provider, size, json_path, rounds, warmup):
+def loom_env(provider):
     env = dict(os.environ, LOOM_PROVIDER=provider, FI_PROVIDER=provider)
     if provider != "shm":
         env["LOOM_NICS"] = "lo"
+    return env
+
+
+def run_loom_latency(binary, provider, size, json_path, rounds, warmup):
     subprocess.run([binary, "--loopback", "--pin-core", "0,1", "-S", f"l:{size}", "--no-bw",
                     "--lat-iters", str(rounds), "-w", str(warmup), "--json", json_path],
-                   env=env, check=True, capture_output=True, timeout=300)
+                   env=loom_env(provider), check=True, capture_output=True, timeout=300)
     with open(json_path) as f:
         return json.load(f)["results"][0]["latency_avg_us"]
 
@@ -113,12 +117,9 @@ def latency_tables(args, fabtests, tmp):
 
 
 def run_loom(binary, provider, size, json_path):
-    env = dict(os.environ, LOOM_PROVIDER=provider, FI_PROVIDER=provider)
-    if provider != "shm":
-        env["LOOM_NICS"] = "lo"
     subprocess.run([binary, "--loopback", "--pin-core", "0,1", "-S", size, "-I",
-                    str(iterations(size)), "--no-pingpong", "--json", json_path], env=env,
-                   check=True, capture_output=True, timeout=300)
+                    str(iterations(size)), "--no-pingpong", "--json", json_path],
+                   env=loom_env(provider), check=True, capture_output=True, timeout=300)
     with open(json_path) as f:
         result = json.load(f)["results"][0]
     return result["mb_per_sec"], result["mxfers_per_sec"]

@@ -61,7 +61,7 @@ bool parse(int argc, char** argv, HubOptions& o) {
   app.add_option("--comms-per-peer", o.comms, "send comms and receive comms per peer (default 1)")
       ->check(CLI::Range(1u, kMaxCommsPerPeer));
   app.add_option("-S,--size", size, "bytes of each message, k/m/g suffixes (default 1m)");
-  app.add_option("--groups", o.groups, "lanes shared per peer and direction (0: one per comm)")
+  app.add_option("--groups", o.groups, "lanes per direction, shared by all peers (0: one per comm)")
       ->check(CLI::Range(0, 256));
   app.add_option("--timeout", o.timeout_s, "seconds for the whole run (default 120)")
       ->check(CLI::Range(1, 3600));

@@ -102,7 +102,7 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       ->check(CLI::Range(1, 4));
   app.add_option("--comms", o.comms, "communicators between the pair (default 1)")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--groups", o.groups, "lanes shared per peer and direction (0: one per comm)")
+  app.add_option("--groups", o.groups, "lanes per direction, shared by all peers (0: one per comm)")
       ->check(CLI::Range(0, 256));
   app.add_flag("--bidir", o.bidir, "send both ways at once");
   app.add_flag("--loopback", o.loopback, "run server and client on 127.0.0.1 in one command");

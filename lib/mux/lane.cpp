@@ -43,6 +43,7 @@ Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey 
     const std::size_t reserve = std::max<std::size_t>(depth / 4, 1);
     receives_posted_.push_back(0);
     receive_limit_.push_back(std::max<std::size_t>(depth - std::min(reserve, depth), 1));
+    receive_share_.push_back(receive_limit_.back());
   }
   auto all = rails_->rails();
   control_ = std::make_unique<ControlChannel>(all.subspan(rails_->data_rails()),
@@ -93,6 +94,7 @@ CommId Lane::attach(CommPort& port) {
   while (slots_[id & mask].port != nullptr) ++id;  // wraps at 2^16
   slots_[id & mask] = Slot{&port, id};
   ++attached_;
+  update_receive_share();
   next_id_ = static_cast<CommId>(id + 1);
   return id;
 }
@@ -102,6 +104,7 @@ void Lane::detach(CommId id) noexcept {
   if (slot.id == id && slot.port != nullptr) {
     slot.port = nullptr;
     --attached_;
+    update_receive_share();
   }
 }
 
@@ -124,8 +127,20 @@ ofi::Address Lane::acquire_peer(std::size_t rail, std::span<const std::byte> nam
   }
   const ofi::Address address = rails_->rails()[rail]->insert_peer(name);
   peers_.emplace(std::move(key), Peer{address, 1});
-  if (rail == 0) ++peer_names_;
   return address;
+}
+
+std::size_t Lane::peers() const noexcept {
+  // Every peer has an entry on rail 0 (a data rail: there is always one).
+  return static_cast<std::size_t>(std::count_if(
+      peers_.begin(), peers_.end(), [](const auto& entry) { return entry.first.first == 0; }));
+}
+
+void Lane::update_receive_share() noexcept {
+  const std::size_t comms = std::max<std::size_t>(attached_, 1);
+  for (std::size_t rail = 0; rail < receive_limit_.size(); ++rail) {
+    receive_share_[rail] = std::max(receive_limit_[rail] / comms, kMinReceiveShare);
+  }
 }
 
 void Lane::release_peer(std::span<const ofi::Address> data,
@@ -155,7 +170,6 @@ void Lane::remove_released_peers() noexcept {
     rails_->rails()[rail]->remove_peer(address);
     for (auto it = peers_.begin(); it != peers_.end(); ++it) {
       if (it->first.first != rail || it->second.address != address) continue;
-      if (rail == 0) --peer_names_;
       peers_.erase(it);
       break;
     }

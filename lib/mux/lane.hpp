@@ -127,7 +127,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   void release_peer(std::span<const ofi::Address> data,
                     std::span<const ofi::Address> control) noexcept;
   // Peers in the AVs (of any rail).
-  [[nodiscard]] std::size_t peers() const noexcept { return peer_names_; }
+  [[nodiscard]] std::size_t peers() const noexcept;
 
   // Runs the deferred work, then polls the completion queues. This is when a control message
   // batched by a communicator (clear-to-send, ready-to-send) leaves the host: at the next
@@ -151,9 +151,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   // may hold max(limit / communicators, kMinReceiveShare) posted, so a slow or dead peer whose
   // receives wait for messages holds only its share while the others keep posting.
   [[nodiscard]] bool may_post_receive(std::size_t rail, std::size_t held) const noexcept {
-    return receives_posted_[rail] < receive_limit_[rail] &&
-           held < std::max(receive_limit_[rail] / std::max<std::size_t>(attached_, 1),
-                           kMinReceiveShare);
+    return receives_posted_[rail] < receive_limit_[rail] && held < receive_share_[rail];
   }
   void receive_posted(std::size_t rail) noexcept { ++receives_posted_[rail]; }
   void receive_finished(std::size_t rail) noexcept { --receives_posted_[rail]; }
@@ -169,6 +167,8 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   }
   void free_drained();
   void remove_released_peers() noexcept;
+  // The communicators changed: each one's share of the posted receives follows.
+  void update_receive_share() noexcept;
 
   LaneKey key_;
   std::uint64_t id_;
@@ -193,12 +193,12 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
     std::size_t references = 0;
   };
   std::map<std::pair<std::size_t, std::vector<std::byte>>, Peer> peers_;  // by (rail, name)
-  std::size_t peer_names_ = 0;                                  // distinct peers (rail 0's entries)
-  std::vector<std::pair<std::size_t, ofi::Address>> released_;  // to remove from the AVs
+  std::vector<std::pair<std::size_t, ofi::Address>> released_;            // to remove from the AVs
   util::SpinLock mutex_;
   LaneStats stats_;
   std::vector<std::size_t> receives_posted_;  // per data rail
   std::vector<std::size_t> receive_limit_;    // per data rail
+  std::vector<std::size_t> receive_share_;    // per data rail: what one communicator may hold
 };
 
 }  // namespace loom::mux
