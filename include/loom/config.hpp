@@ -26,6 +26,7 @@ struct Config {
   unsigned ngroups{};              // LOOM_NGROUPS
   unsigned qp_depth_multiplier{};  // LOOM_QP_DEPTH_MULTIPLIER
   std::size_t eager_max{};         // LOOM_EAGER_MAX
+  unsigned eager_credits{};        // LOOM_EAGER_CREDITS
   std::size_t inject_max{};        // LOOM_INJECT_MAX
   std::size_t min_stripe{};        // LOOM_MIN_STRIPE
   std::size_t mr_cache_entries{};  // LOOM_MR_CACHE_ENTRIES

@@ -17,7 +17,7 @@ inline constexpr unsigned kUsableTagBits = 48;
 static_assert(kTagKindBits + kCommIdBits + kTagSeqBits <= kUsableTagBits);
 
 enum class TagKind : std::uint8_t {
-  kEager = 1,  // a message sent eagerly straight into the posted receive buffer
+  kEager = 1,  // a message sent ahead on a credit into one of the receiver's eager buffers
 };
 
 struct DataTag {

@@ -1,8 +1,9 @@
-// Clear-to-send: the receiver announces each buffer (size, tag, address, a key per data rail,
-// whether an eager receive waits in it) once its eager receive is posted, batched into one
-// control message per lane progress; the sender matches each message to the announcement for
-// its sequence number and judges it (verdict.hpp) before anything of it is sent. So an eager
-// message never arrives before its receive, and a refused one never carries payload.
+// Clear-to-send: the receiver announces each buffer (size, tag, address, a key per data rail),
+// batched into one control message per lane progress, with the credits it grants (eager.cpp);
+// the sender matches each message to the announcement for its sequence number and judges it
+// (verdict.hpp): before anything of it is written, or, for a message it sent ahead on a
+// credit, to learn the verdict the receiver reached. A refused message never carries payload
+// except one sent ahead, which the receiver drops.
 #include <algorithm>
 #include <cstring>
 
@@ -49,29 +50,8 @@ std::string explain(Verdict verdict, Side side, std::uint32_t seq, const BufferF
 
 // ---- receiver ----
 
-// Receives go to the provider in sequence order, the order the sender sends in. When the
-// provider's queue is full, later buffers wait behind earlier ones: a queue whose entries were
-// taken by receives for messages far ahead (a newer irecv finding an entry free while older
-// ones waited for a retry) held none for the messages the sender could send, and both sides
-// stopped.
-void RecvCommImpl::post_in_order() {
-  while (post_next_ != next_seq_) {
-    const PartRef& ref = by_seq_[post_next_ % kSeqWindow];
-    Request* r = ref.request;
-    if (r != nullptr && r->in_use && r->kind == RequestKind::kRecv && ref.part < r->part_count &&
-        r->parts[ref.part].seq == post_next_) {
-      if (!post_receive(*r, ref.part)) return;  // retried from here
-      announce(*r);
-    }
-    ++post_next_;
-  }
-}
-
-// A buffer is announced only once the provider holds its eager receive (or it needs none: its
-// message comes by write, or the buffer already failed); the sender sends eagerly only
-// after the announcement (see SendCommImpl::advance). So an eager message never arrives before
-// its receive and never occupies a provider queue entry that posted receives need. Buffers
-// whose receive waits for room in the provider's queue are announced when it is posted.
+// Every buffer is announced, in irecv order: the sender writes into it, or judges by it the
+// message it sent ahead. A part whose message came ahead is delivered once it is in a batch.
 void RecvCommImpl::announce(Request& r) {
   if (batch_limit_ == 0) {
     batch_limit_ = max_cts_entries(data_rails_);
@@ -85,12 +65,10 @@ void RecvCommImpl::announce(Request& r) {
       retry_later(r);  // the batch is stuck behind back-pressure: try again later
       return;
     }
-    batch_.data_rails = static_cast<std::uint8_t>(data_rails_);
     CtsEntry& entry = batch_.entries[batch_.count++];
     entry.seq = part.seq;
     entry.size = part.size;
     entry.tag = part.tag;
-    entry.eager_receive = !part.by_write;
     entry.refused = part.status != Status::kOk;
     entry.address = 0;
     if (part.registration != nullptr) {
@@ -100,41 +78,60 @@ void RecvCommImpl::announce(Request& r) {
     part.to(RecvState::kAnnounced);
     batched_.push_back({&r, static_cast<std::uint8_t>(i)});
     defer();
+    if (eager_held_ != 0) deliver_held(r, part);
   }
 }
 
 void RecvCommImpl::send_control_batch() {
-  if (batch_.count == 0) return;
+  if (eager_idle_ != 0) post_eager_buffers();  // what the lane's share refused before
+  if (batch_.count == 0 && credits_to_grant_ == 0) return;
   if (closed_ || peer_gone()) {
+    for (const PartRef& ref : batched_) {
+      Part& part = ref.request->parts[ref.part];
+      if (part.recv == RecvState::kArrived) fail_part(*ref.request, part, part.status);
+    }
     batch_.count = 0;
     batched_.clear();
     return;
   }
+  batch_.data_rails = static_cast<std::uint8_t>(data_rails_);
+  batch_.credits = static_cast<std::uint16_t>(std::min(credits_to_grant_, kMaxCreditsPerBatch));
+  batch_.eager_size = static_cast<std::uint32_t>(eager_size_);
   std::byte body[mux::kMaxControlBody];
   const std::size_t length = encode_cts(batch_, body);
   // See SendCommImpl::send_control_batch: an unencodable batch fails its requests.
   const Status status =
       length == 0 ? refuse_batch("clear-to-send")
-                  : send_control(MessageType::kClearToSend, batch_.entries[0].seq, {body, length});
+                  : send_control(MessageType::kClearToSend,
+                                 batch_.count != 0 ? batch_.entries[0].seq : 0, {body, length});
   if (status == Status::kRetry) {
     defer();
     return;
   }
+  if (status == Status::kOk) credits_to_grant_ -= batch_.credits;
   for (const PartRef& ref : batched_) {
     Request& r = *ref.request;
     Part& part = r.parts[ref.part];
-    if (part.recv != RecvState::kAnnounced) continue;  // failed meanwhile
+    if (part.recv != RecvState::kAnnounced && part.recv != RecvState::kArrived) continue;
     if (status != Status::kOk) {
       // The sender cannot learn of this buffer: the request fails, and what of it the sender
       // never heard of with it.
       r.fail(Status::kError, "irecv: " + last_error_);
       for (std::size_t i = 0; i < r.part_count; ++i) {
-        if (!terminal(r.parts[i].recv)) fail_part(r, r.parts[i], Status::kError);
+        if (!terminal(r.parts[i].recv)) {
+          r.parts[i].status = Status::kError;
+          fail_part(r, r.parts[i], Status::kError);
+        }
       }
       continue;
     }
-    // A failed buffer's refusal is out: the request may report it.
-    part.to(part.status == Status::kOk ? RecvState::kCleared : RecvState::kFailed);
+    // The sender can judge it now: a failed buffer's refusal, or a message that came ahead,
+    // may be reported.
+    if (part.recv == RecvState::kArrived) {
+      part.to(part.status == Status::kOk ? RecvState::kDone : RecvState::kFailed);
+    } else {
+      part.to(part.status == Status::kOk ? RecvState::kCleared : RecvState::kFailed);
+    }
   }
   batch_.count = 0;
   batched_.clear();
@@ -150,13 +147,16 @@ void SendCommImpl::on_clear_to_send(std::span<const std::byte> body) {
     util::log().warn("comm {} on lane {}: control message dropped: {}", id_, lane_->id(), why);
     return;
   }
+  if (cts.credits() != 0) {
+    credits_ += cts.credits();
+    eager_size_ = cts.eager_size();
+  }
   for (std::size_t i = 0; i < cts.count(); ++i) {
     const CtsEntryView entry = cts.entry(i);
     const std::size_t slot = entry.seq % kSeqWindow;
     clearances_[slot] = Clearance{.valid = true,
                                   .seq = entry.seq,
                                   .buffer = {entry.size, entry.tag, entry.refused},
-                                  .eager_receive = entry.eager_receive,
                                   .address = entry.address};
     // The keys of every rail our lane has (data_rails_ never exceeds it): the message can
     // arrive before our own handshake finished (data_rails_ still 0) when the receiver posts
@@ -164,20 +164,25 @@ void SendCommImpl::on_clear_to_send(std::span<const std::byte> body) {
     std::memcpy(&keys_[slot * key_stride_], entry.keys,
                 8 * std::min(key_stride_, cts.data_rails()));
     Request* r = waiting_[slot];
-    if (r != nullptr && r->in_use && r->kind == RequestKind::kSend &&
-        r->parts[0].seq == entry.seq && r->parts[0].send == SendState::kAwaitingClearance) {
+    if (r == nullptr || !r->in_use || r->kind != RequestKind::kSend ||
+        r->parts[0].seq != entry.seq) {
+      continue;
+    }
+    if (r->parts[0].send == SendState::kAwaitingClearance) {
       match(*r);
       advance(*r);
+    } else if (r->parts[0].send == SendState::kSentAhead) {
+      clearances_[slot].valid = false;
+      settle_sent_ahead(*r, clearances_[slot]);
     }
   }
+  if (cts.credits() != 0) send_ahead_waiting();
 }
 
 // The message meets its buffer's announcement. A refusal sends no payload, only a
-// ready-to-send from which the receiver reaches the same verdict (and cancels an eager receive
-// if one waits); none for a receive that failed over there, whose buffer is back with the
-// application. Never a truncated receive on the wire: rxm over tcp without a shared receive
-// queue drops the connection on one. Never an eager message into a buffer with no receive
-// posted: it would wait unmatched forever.
+// ready-to-send from which the receiver reaches the same verdict; none for a receive that
+// failed over there, whose buffer is back with the application. A message that fits goes on
+// a credit when there is one, else by write: never onto a receive that is not posted.
 void SendCommImpl::match(Request& r) {
   Part& part = r.parts[0];
   Clearance& clearance = clearances_[part.seq % kSeqWindow];
@@ -196,22 +201,18 @@ void SendCommImpl::match(Request& r) {
     part.to(SendState::kFailing);
     return;
   }
-  const bool eager = part.size <= eager_max_ && part.size <= lane_->rails().max_msg_size() &&
-                     clearance.eager_receive;
-  if (eager) {
+  if (credits_ != 0 && eager_fits(part)) {
+    --credits_;  // taken now: a retry must not find it gone
     ++stats_.eager;
     part.to(SendState::kEagerReady);
     return;
   }
-  // Written: a buffer above the receiver's eager limit has no receive waiting (an empty message
-  // needs no write there: its ready-to-send carries it), or the message is above ours.
   ++stats_.rendezvous;
   r.stripes = part.size == 0 ? 0 : stripe_count(part.size);
-  // A written message that fills its buffer says so in its writes' CQ data (an empty one never
-  // does: a buffer without an eager receive is above the eager limit). Otherwise the receiver
-  // hears the size from a ready-to-send, which also makes it cancel an eager receive waiting
-  // in the buffer (a receiver whose eager limit is above ours).
-  const bool fills = part.size == clearance.buffer.size && !clearance.eager_receive;
+  // A written message that fills its buffer says so in its writes' CQ data (an empty one needs
+  // its ready-to-send: it has no write). Otherwise the receiver hears the size from a
+  // ready-to-send.
+  const bool fills = part.size == clearance.buffer.size && part.size != 0;
   r.ready_to_send = fills ? ReadyToSendState::kNotNeeded : ReadyToSendState::kWanted;
   part.to(SendState::kWriting);
 }

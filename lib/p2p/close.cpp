@@ -76,6 +76,7 @@ void Comm::close(std::unique_ptr<Comm> self) {
       }
     }
     self->fail_all(Status::kCancelled, "communicator closed");
+    self->cancel_standing();
     // The close notice, too, must have left before the lane (perhaps) closes its endpoints.
     while ((!self->drained() || lane.control().sends_in_flight()) &&
            std::chrono::steady_clock::now() < deadline) {
@@ -141,6 +142,7 @@ CloseNotice SendCommImpl::close_notice() {
       case SendState::kFailing:
         left = told;
         break;
+      case SendState::kSentAhead:
       case SendState::kEagerInFlight:
       case SendState::kDone:
       case SendState::kFailed:
@@ -183,7 +185,8 @@ void SendCommImpl::settle_after_close() {
   for (Request& r : requests_.built()) {
     Part& part = r.parts[0];
     if (!r.in_use || r.kind != RequestKind::kSend || terminal(part.send)) continue;
-    const bool sent = part.send == SendState::kEagerInFlight || part.send == SendState::kWriting;
+    const bool sent = part.send == SendState::kSentAhead ||
+                      part.send == SendState::kEagerInFlight || part.send == SendState::kWriting;
     if (sent && r.status == Status::kOk) {
       part.delivered = part.size;
       part.to(SendState::kDone);
@@ -204,10 +207,11 @@ CloseNotice RecvCommImpl::close_notice() {
     if (!r.in_use || r.kind != RequestKind::kRecv) continue;
     for (std::size_t i = 0; i < r.part_count; ++i) {
       const Part& part = r.parts[i];
-      if (terminal(part.recv)) continue;
+      // Arrived: its announcement, with the verdict, goes before this notice.
+      if (terminal(part.recv) || part.recv == RecvState::kArrived) continue;
       unfinished.push_back(part.seq);
       const bool told = part.recv == RecvState::kCleared || part.recv == RecvState::kWritesAhead ||
-                        part.recv == RecvState::kWriting || part.recv == RecvState::kCancelling;
+                        part.recv == RecvState::kWriting;
       awaiting_writes_ = awaiting_writes_ || told;
       writes_seen_ += part.writes_seen;
     }
@@ -237,8 +241,7 @@ void RecvCommImpl::fail_unfinished(const CloseNotice& notice, const std::string&
     for (std::size_t i = 0; i < r.part_count; ++i) {
       Part& part = r.parts[i];
       // The sender handed the message over whole: it is on its way.
-      if (terminal(part.recv) || part.recv == RecvState::kCancelling || notice.finished(part.seq))
-        continue;
+      if (terminal(part.recv) || notice.finished(part.seq)) continue;
       r.fail(Status::kPeerError,
              "irecv: " + why + " before sending message " + std::to_string(part.seq));
       fail_part(r, part, Status::kPeerError);

@@ -34,6 +34,7 @@ void Request::on_completion(ofi::OpContext& op, const ofi::Completion& completio
 
 Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::uint64_t peer)
     : settings_{.eager_max = core.config().eager_max,
+                .eager_credits = core.config().eager_credits,
                 .inject_max = core.config().inject_max,
                 .min_stripe = core.config().min_stripe,
                 .peer_timeout = std::chrono::milliseconds(core.config().peer_timeout_ms),
@@ -126,6 +127,7 @@ void Comm::connect_peer(const LaneAddresses& peer) {
   for (std::size_t i = 0; i < control_rails_; ++i) {
     peer_control_.push_back(lane_->acquire_peer(rails.data_rails() + i, peer.control[i]));
   }
+  on_peer_connected();
 }
 
 MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryType type,
@@ -356,8 +358,12 @@ CommStats Comm::stats() const {
 void Comm::fail_all(Status status, const std::string& text) {
   for (Request& r : requests_.built()) {
     if (!r.in_use || r.decided()) continue;  // a decided request keeps its outcome
-    r.fail(status, text);
-    for (std::size_t i = 0; i < r.part_count; ++i) fail_part(r, r.parts[i], status);
+    bool failed = false;
+    for (std::size_t i = 0; i < r.part_count; ++i) {
+      fail_part(r, r.parts[i], status);
+      failed = failed || r.parts[i].status != Status::kOk;
+    }
+    if (failed) r.fail(status, text);
   }
 }
 

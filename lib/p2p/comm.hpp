@@ -41,6 +41,7 @@ static_assert(kSeqWindow <= (std::size_t{1} << mux::kTagSeqBits));
 // reaches back into the context.
 struct CommSettings {
   std::size_t eager_max = 0;
+  std::size_t eager_credits = 0;
   std::size_t inject_max = 0;
   std::size_t min_stripe = 0;
   std::chrono::milliseconds peer_timeout{0};
@@ -94,7 +95,11 @@ class Comm : public mux::CommPort {
 
   Request* allocate(RequestKind kind);
   // Gives every registration back to the lane's cache (under the lane lock).
-  void release_registrations();
+  virtual void release_registrations();
+  // The peer's addresses are in (connect_peer, under the lane lock): what needs them starts.
+  virtual void on_peer_connected() {}
+  // Closing: takes back what the communicator keeps posted whatever its requests (close()).
+  virtual void cancel_standing() {}
   // Gives the peer's addresses back to the lane (under the lane lock): once no communicator
   // uses them, the peer leaves the lane's AVs.
   void release_peer_addresses() noexcept;
@@ -125,8 +130,8 @@ class Comm : public mux::CommPort {
                       bool confirmed = false);
   // A batch of `what` its encoder refused: kError with last_error_ set (logged once).
   [[gnu::cold]] Status refuse_batch(const char* what);
-  // Every request not decided yet fails with `status`/`text`; posted receives are cancelled.
-  // A request whose parts are all decided keeps its outcome: it was delivered.
+  // Every request not decided yet fails with `status`/`text`. A part that arrived keeps its
+  // outcome, and a request whose parts all did keeps its own: it was delivered.
   void fail_all(Status status, const std::string& text);
   // An undecided part of `request` fails (the request's status says why).
   virtual void fail_part(Request& request, Part& part, Status status) = 0;

@@ -1,37 +1,61 @@
-// Eager: a message up to the eager limit goes as one tagged send (tag = kind | peer comm id |
-// seq, CQ data = the user's tag) straight into the eager receive posted in its buffer, once the
-// clear-to-send said that receive is there. The receiver keeps a quarter of each data rail's
-// receive queue free of posted receives, and holds no more than its fair share of the rest
-// (mux::Lane::may_post_receive).
+// Eager: a message up to the receiver's eager size goes as one tagged send (tag = kind | peer
+// comm id | seq, CQ data = the user's tag) into one of the eager buffers the receiver posted
+// for it, without waiting for its buffer's clear-to-send: each eager buffer is a credit the
+// receiver granted in a clear-to-send batch. The receiver copies the message into the buffer
+// the irecv for its sequence number gives (at once if that is posted, else when it is), judges
+// it there (verdict.hpp), reposts the eager buffer and grants it again with its next batch.
+// The sender learns the verdict from the buffer's announcement, which every buffer gets.
+//
+// Nothing waits in the provider's unexpected-message pool: a message leaves only onto a posted
+// eager buffer (a credit) or, without credits, by RDMA write once its buffer is announced.
+// Memory per receiving communicator: LOOM_EAGER_CREDITS x LOOM_EAGER_MAX (16 x 16 KiB), one
+// registration. Eager buffers live on data rail 0: small messages gain nothing from striping.
+#include <cstdlib>
+#include <cstring>
+
 #include "ofi/memory_registration.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
+#include "util/cuda_driver.hpp"
+#include "util/log.hpp"
 
 namespace loom::p2p {
 
 // ---- sender ----
 
+// Whether a message may use a credit: up to the receiver's eager size (0 until its first
+// grant) and our own eager limit (eager_max_: never above the provider's max_msg_size).
+bool SendCommImpl::eager_fits(const Part& part) const noexcept {
+  return part.size <= eager_size_ && part.size <= eager_max_;
+}
+
+// kAwaitingClearance: sent ahead on a credit (the verdict comes with the clearance);
+// kEagerReady: cleared, its credit taken by match().
 void SendCommImpl::post_eager(Request& r) {
   Part& part = r.parts[0];
-  // No division for the common single rail: it would cost more than the rest of the choice.
-  const std::size_t rail = data_rails_ <= 1 ? 0 : part.seq % data_rails_;
-  ofi::Rail& data_rail = lane_->rails().data(rail);
+  const bool ahead = part.send == SendState::kAwaitingClearance;
+  if (ahead && credits_ == 0) return;
+  ofi::Rail& data_rail = lane_->rails().data(0);
   const std::uint64_t wire_tag = mux::encode_tag({mux::TagKind::kEager, peer_id_, part.seq});
   // An inject leaves no completion to generate and read: on shm that is a CQ write less under
   // the receiver's queue lock, which both processes take for every message.
   const bool inject = part.size <= inject_max_ && (part.registration == nullptr ||
                                                    part.registration->type() == MemoryType::kHost);
   const Status status =
-      inject ? data_rail.tagged_inject(peer_data_[rail], part.data, part.size, wire_tag, part.tag)
-             : data_rail.tagged_send(peer_data_[rail], part.data, part.size,
-                                     part.registration ? part.registration->desc(rail) : nullptr,
+      inject ? data_rail.tagged_inject(peer_data_[0], part.data, part.size, wire_tag, part.tag)
+             : data_rail.tagged_send(peer_data_[0], part.data, part.size,
+                                     part.registration ? part.registration->desc(0) : nullptr,
                                      wire_tag, part.tag, &r.ops[0]);
   if (status == Status::kOk) {
-    if (inject) {
+    if (!inject) ++r.ops_outstanding;
+    if (ahead) {
+      --credits_;
+      ++stats_.eager;
+      part.to(SendState::kSentAhead);
+    } else if (inject) {
       part.delivered = part.size;
       part.to(SendState::kDone);
     } else {
-      ++r.ops_outstanding;
       part.to(SendState::kEagerInFlight);
     }
   } else if (status == Status::kRetry) {
@@ -43,105 +67,226 @@ void SendCommImpl::post_eager(Request& r) {
   }
 }
 
-// ---- receiver ----
-
-// A buffer above the eager limit gets no eager receive: it would be posted, then cancelled for
-// every large message (an error completion to read). Its sender writes instead, whatever the
-// message's size (see SendCommImpl::match).
-bool RecvCommImpl::post_receive(Request& r, std::size_t i) {
-  Part& part = r.parts[i];
-  if (part.recv != RecvState::kAwaitingPost) return true;
-  if (part.size > eager_max_) {
-    part.by_write = true;
-    part.to(RecvState::kToAnnounce);
-    return true;
+// New credits: the messages waiting for one go, oldest first.
+void SendCommImpl::send_ahead_waiting() {
+  for (; seq_before(ahead_next_, next_seq_) && credits_ != 0; ++ahead_next_) {
+    Request* r = waiting_[ahead_next_ % kSeqWindow];
+    if (r == nullptr || !r->in_use || r->kind != RequestKind::kSend ||
+        r->parts[0].seq != ahead_next_ || r->parts[0].send != SendState::kAwaitingClearance ||
+        !eager_fits(r->parts[0])) {
+      continue;
+    }
+    post_eager(*r);
+    if (r->parts[0].send == SendState::kAwaitingClearance) return;  // pushed back: retried
   }
-  const std::size_t rail = part.seq % data_rails_;
-  ofi::Rail& data_rail = lane_->rails().data(rail);
-  // Leaves part of the provider's queue free of posted receives (Lane::may_post_receive).
-  const Status status =
-      !lane_->may_post_receive(rail, receives_held_)
-          ? Status::kRetry
-          : data_rail.tagged_recv(
-                part.data, part.size, part.registration ? part.registration->desc(rail) : nullptr,
-                mux::encode_tag({mux::TagKind::kEager, id_, part.seq}), 0, &r.ops[i]);
-  if (status == Status::kOk) {
-    part.recv_outstanding = true;
-    ++r.ops_outstanding;
-    lane_->receive_posted(rail);
-    ++receives_held_;
-  } else if (status == Status::kRetry) {
-    retry_later(r);
-    return false;
-  } else {
-    // Announced as refused: the sender learns that nothing may go into the buffer.
-    part.status = Status::kError;
-    r.fail(Status::kError, "irecv: " + data_rail.last_error());
-  }
-  part.to(RecvState::kToAnnounce);
-  return true;
 }
 
-// The eager receive's completion: the message, or the end of a receive being taken back.
-void RecvCommImpl::on_eager(Request& r, Part& part, const ofi::Completion& completion) {
-  // The message every eager receive waits for: it fits (the provider truncates what does
-  // not) and carries the buffer's tag.
-  if (completion.status == Status::kOk && part.recv == RecvState::kCleared && completion.has_data &&
-      completion.data == part.tag) [[likely]] {
-    part.delivered = completion.length;
-    ++stats_.eager;
-    part.to(RecvState::kDone);
+// The clearance of a message sent ahead: the receiver judged it with these facts too.
+void SendCommImpl::settle_sent_ahead(Request& r, const Clearance& clearance) {
+  Part& part = r.parts[0];
+  const Verdict verdict = judge(clearance.buffer, part.size, part.tag);
+  if (verdict == Verdict::kFits && r.status == Status::kOk) {
+    part.delivered = part.size;
+    part.to(r.ops_outstanding != 0 ? SendState::kEagerInFlight : SendState::kDone);
     return;
   }
-  if (completion.status == Status::kCancelled) {
-    if (part.recv == RecvState::kWriting) {
-      finish_rendezvous(part);  // its message comes by write
-    } else if (part.recv == RecvState::kCancelling) {
-      part.to(RecvState::kFailed);
-    } else {
-      part.status = Status::kCancelled;
-      r.fail(Status::kCancelled, "irecv: cancelled");
-      part.to(RecvState::kFailed);
+  if (verdict != Verdict::kFits) {
+    r.fail(status_of(verdict),
+           explain(verdict, Side::kSender, part.seq, clearance.buffer, part.size, part.tag));
+  }
+  part.status = r.status;
+  part.to(SendState::kFailed);
+}
+
+// ---- receiver ----
+
+namespace {
+constexpr std::size_t kPage = 4096;
+}  // namespace
+
+void RecvCommImpl::EagerBuffer::on_completion(ofi::OpContext&, const ofi::Completion& completion) {
+  owner->on_eager_buffer(*this, completion);
+}
+
+// At connection: the eager buffers, registered once on the lane's rails (bound to its
+// endpoints under FI_MR_ENDPOINT), then posted; the first batch grants them.
+void RecvCommImpl::on_peer_connected() {
+  const std::size_t count = settings_.eager_credits;
+  if (count == 0 || eager_max_ == 0 || data_rails_ == 0) return;
+  eager_size_ = eager_max_;
+  const std::size_t stride = (eager_size_ + kPage - 1) / kPage * kPage;
+  eager_memory_ = std::unique_ptr<std::byte, AlignedFree>(
+      static_cast<std::byte*>(std::aligned_alloc(kPage, stride * count)));
+  if (!eager_memory_) throw Error("irecv eager buffers", settings_.provider, 0, "out of memory");
+  eager_registration_ =
+      &lane_->rails().mr_cache().acquire(eager_memory_.get(), stride * count, MemoryType::kHost, 0);
+  eager_buffers_ = std::make_unique<EagerBuffer[]>(count);
+  eager_count_ = count;
+  eager_idle_ = count;
+  for (std::size_t i = 0; i < count; ++i) {
+    EagerBuffer& buffer = eager_buffers_[i];
+    buffer.owner = this;
+    buffer.data = eager_memory_.get() + i * stride;
+    buffer.op.handler = &buffer;
+  }
+  post_eager_buffers();
+}
+
+void RecvCommImpl::release_registrations() {
+  if (eager_registration_ != nullptr) lane_->rails().mr_cache().release(*eager_registration_);
+  eager_registration_ = nullptr;
+  Comm::release_registrations();
+}
+
+void RecvCommImpl::abandon_registrations() noexcept {
+  eager_registration_ = nullptr;
+  Comm::abandon_registrations();
+}
+
+// Posts every idle eager buffer the lane's receive share allows; each posted one is a credit
+// for the next batch.
+void RecvCommImpl::post_eager_buffers() {
+  if (closed_ || peer_gone()) return;
+  for (std::size_t i = 0; i < eager_count_ && eager_idle_ != 0; ++i) {
+    EagerBuffer& buffer = eager_buffers_[i];
+    if (buffer.state != EagerBuffer::State::kIdle) continue;
+    if (!lane_->may_post_receive(0, receives_held_)) return;  // tried again with the next batch
+    const Status status = lane_->rails().data(0).tagged_recv(
+        buffer.data, eager_size_, eager_registration_->desc(0),
+        mux::encode_tag({mux::TagKind::kEager, id_, 0}), mux::kTagSeqMask, &buffer.op);
+    if (status == Status::kRetry) return;
+    if (status != Status::kOk) {
+      util::log().warn("comm {} on lane {}: eager buffer not posted: {}", id_, lane_->id(),
+                       lane_->rails().data(0).last_error());
+      return;  // the sender waits for announcements instead
     }
+    buffer.state = EagerBuffer::State::kPosted;
+    --eager_idle_;
+    ++eager_posted_;
+    ++receives_held_;
+    lane_->receive_posted(0);
+    ++credits_to_grant_;
+    defer();
+  }
+}
+
+void RecvCommImpl::cancel_standing() {
+  for (std::size_t i = 0; i < eager_count_; ++i) {
+    if (eager_buffers_[i].state == EagerBuffer::State::kPosted)
+      lane_->rails().data(0).cancel(&eager_buffers_[i].op);
+  }
+}
+
+// The full sequence number of a message whose tag carries its low kTagSeqBits: it lies within
+// a window of next_seq_ (the sender has at most kMaxRequests sends in flight).
+std::uint32_t RecvCommImpl::full_seq(std::uint32_t low) const noexcept {
+  const std::uint32_t delta = (low - next_seq_) & mux::kTagSeqMask;
+  const std::uint32_t half = (mux::kTagSeqMask + 1) / 2;
+  return delta < half ? next_seq_ + delta : next_seq_ - ((mux::kTagSeqMask + 1) - delta);
+}
+
+void RecvCommImpl::on_eager_buffer(EagerBuffer& buffer, const ofi::Completion& completion) {
+  --eager_posted_;
+  --receives_held_;
+  lane_->receive_finished(0);
+  buffer.state = EagerBuffer::State::kIdle;
+  ++eager_idle_;
+  // Closing, a message that came still finishes its buffer (close() progresses once first).
+  if (completion.status == Status::kCancelled) return;
+  if (completion.status != Status::kOk) {
+    // A message above the credit's size breaks the protocol; anything else is the connection.
+    peer_lost(completion.status == Status::kTruncated
+                  ? "irecv: the peer sent " +
+                        std::to_string(completion.length + completion.overflow) +
+                        " bytes into an eager buffer of " + std::to_string(eager_size_)
+                  : "irecv: eager buffer: " + std::string(completion.error_text));
     return;
   }
-  if (part.recv == RecvState::kCancelling) {
-    part.to(RecvState::kFailed);  // failed already; whatever came is not delivered
+  buffer.state = EagerBuffer::State::kHeld;
+  --eager_idle_;
+  ++eager_held_;
+  buffer.seq = full_seq(mux::decode_tag(completion.tag).seq);
+  buffer.length = completion.length;
+  buffer.has_tag = completion.has_data;
+  buffer.tag = completion.data;
+  Request* r = nullptr;
+  std::size_t i = 0;
+  Part* part = waiting_part(buffer.seq, ~0u, &r, &i);
+  if (part == nullptr) {
+    // Its irecv comes later; or it came and failed already (the sender learns it from the
+    // refusal announced): the message is dropped.
+    if (seq_before(buffer.seq, next_seq_)) give_back(buffer);
     return;
   }
-  const BufferFacts buffer{part.size, part.tag, false};
-  Verdict verdict = Verdict::kFits;
-  switch (completion.status) {
-    case Status::kOk:
-      if (part.recv != RecvState::kCleared) [[unlikely]] {
-        part.status = Status::kError;
-        r.fail(Status::kError, "irecv: an eager message " + std::to_string(part.seq) +
-                                   " arrived for a buffer being written");
-        part.to(RecvState::kFailed);
-        return;
-      }
-      verdict = judge(buffer, completion.length, completion.has_data ? completion.data : ~part.tag);
-      part.delivered = completion.length;
-      if (verdict == Verdict::kFits) {
-        ++stats_.eager;
-        part.to(RecvState::kDone);
-        return;
-      }
-      part.status = status_of(verdict);
-      r.fail(part.status, explain(verdict, Side::kReceiver, part.seq, buffer, completion.length,
-                                  completion.data));
-      break;
-    case Status::kTruncated:
-      part.status = Status::kTruncated;
-      r.fail(Status::kTruncated, explain(Verdict::kTooLarge, Side::kReceiver, part.seq, buffer,
-                                         completion.length + completion.overflow, part.tag));
-      break;
+  switch (part->recv) {
+    case RecvState::kAnnounced:
+    case RecvState::kCleared:
+      deliver(*r, *part, buffer);
+      return;
+    case RecvState::kAwaitingPost:
+    case RecvState::kToAnnounce:
+      return;  // delivered once announced (announce())
     default:
-      // kPeerError: the connection to the peer is gone; kError: anything else.
-      part.status = completion.status == Status::kPeerError ? Status::kPeerError : Status::kError;
-      r.fail(part.status, "irecv: " + std::string(completion.error_text));
+      part->status = Status::kError;
+      r->fail(Status::kError, "irecv: message " + std::to_string(part->seq) +
+                                  " arrived eagerly into a buffer being written");
+      fail_part(*r, *part, Status::kError);
+      give_back(buffer);
   }
-  part.to(RecvState::kFailed);
+}
+
+// An announced part whose message one of the eager buffers holds: delivered from there.
+void RecvCommImpl::deliver_held(Request& r, Part& part) {
+  for (std::size_t i = 0; i < eager_count_ && eager_held_ != 0; ++i) {
+    EagerBuffer& buffer = eager_buffers_[i];
+    if (buffer.state == EagerBuffer::State::kHeld && buffer.seq == part.seq) {
+      deliver(r, part, buffer);
+      return;
+    }
+  }
+}
+
+// The receiver's verdict on a message sent ahead (the sender reaches the same one from the
+// buffer's announcement); only a message that fits is copied.
+void RecvCommImpl::deliver(Request& r, Part& part, EagerBuffer& buffer) {
+  const BufferFacts facts{part.size, part.tag, part.status != Status::kOk};
+  const Tag tag = buffer.has_tag ? static_cast<Tag>(buffer.tag) : ~part.tag;
+  const Verdict verdict = judge(facts, buffer.length, tag);
+  if (verdict == Verdict::kFits && buffer.length != 0) {
+    if (part.registration == nullptr || part.registration->type() == MemoryType::kHost) {
+      std::memcpy(part.data, buffer.data, buffer.length);
+    } else {
+      try {
+        util::cuda::Driver::instance().copy_to_device(part.registration->device(), part.data,
+                                                      buffer.data, buffer.length);
+      } catch (const Error& e) {
+        part.status = Status::kError;
+        r.fail(Status::kError, std::string("irecv: copy into device memory: ") + e.what());
+      }
+    }
+  }
+  if (verdict != Verdict::kFits && part.status == Status::kOk) {
+    part.status = status_of(verdict);
+    r.fail(part.status,
+           explain(verdict, Side::kReceiver, part.seq, facts, buffer.length, buffer.tag));
+  }
+  if (part.status == Status::kOk) {
+    part.delivered = buffer.length;
+    ++stats_.eager;
+  }
+  give_back(buffer);
+  if (part.recv == RecvState::kCleared) {
+    part.to(part.status == Status::kOk ? RecvState::kDone : RecvState::kFailed);
+  } else {
+    part.to(RecvState::kArrived);  // reported once the batch announcing it left
+  }
+}
+
+void RecvCommImpl::give_back(EagerBuffer& buffer) {
+  buffer.state = EagerBuffer::State::kIdle;
+  --eager_held_;
+  ++eager_idle_;
+  post_eager_buffers();
 }
 
 }  // namespace loom::p2p

@@ -19,8 +19,7 @@ static_assert(close_notice_bytes(kCloseWindow) <= mux::kMaxControlBody);
 
 // A clear-to-send entry's flags byte, after seq, size and tag.
 constexpr std::size_t kCtsFlagOffset = 4 + 8 + 4;
-constexpr std::uint8_t kCtsEagerReceive = 1;
-constexpr std::uint8_t kCtsRefused = 2;
+constexpr std::uint8_t kCtsRefused = 2;  // bit 0 was "an eager receive waits" (version 5)
 
 // An empty message's ready-to-send names no writes; any other's 1 to kMaxStripes (a refused
 // message's, which has none written, says 1).
@@ -258,19 +257,22 @@ const char* to_string(RejectReason reason) {
 }
 
 std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
-  if (m.data_rails == 0 || m.data_rails > kMaxDataRails || m.count == 0 ||
-      m.count > max_cts_entries(m.data_rails)) {
+  if (m.data_rails == 0 || m.data_rails > kMaxDataRails ||
+      m.count > max_cts_entries(m.data_rails) || (m.count == 0 && m.credits == 0) ||
+      (m.credits != 0 && m.eager_size == 0) || m.eager_size > kMaxEagerBuffer) {
     return 0;
   }
   WireWriter w(out);
   w.u8(m.count);
   w.u8(m.data_rails);
+  w.u16(m.credits);
+  w.u32(m.eager_size);
   for (std::size_t i = 0; i < m.count; ++i) {
     const CtsEntry& e = m.entries[i];
     w.u32(e.seq);
     w.u64(e.size);
     w.u32(e.tag);
-    w.u8((e.eager_receive ? kCtsEagerReceive : 0) | (e.refused ? kCtsRefused : 0));
+    w.u8(e.refused ? kCtsRefused : 0);
     w.u64(e.address);
     for (std::size_t k = 0; k < m.data_rails; ++k) w.u64(e.keys[k]);
   }
@@ -281,35 +283,36 @@ CtsReader::CtsReader(std::span<const std::byte> body) noexcept : body_(body) {
   WireReader r(body);
   count_ = r.u8();
   rails_ = r.u8();
+  credits_ = r.u16();
+  eager_size_ = r.u32();
   if (!r.ok()) {
     error_ = "clear-to-send truncated";
   } else if (rails_ == 0 || rails_ > kMaxDataRails) {
     error_ = "clear-to-send: rail count out of range";
-  } else if (count_ == 0 || count_ > max_cts_entries(rails_)) {
+  } else if (count_ > max_cts_entries(rails_) || (count_ == 0 && credits_ == 0)) {
     error_ = "clear-to-send: entry count out of range";
+  } else if ((credits_ != 0 && eager_size_ == 0) || eager_size_ > kMaxEagerBuffer) {
+    error_ = "clear-to-send: eager buffer size out of range";
   } else if (body.size() != cts_bytes(count_, rails_)) {
     error_ = "clear-to-send: wrong length";
   } else {
-    const std::size_t stride = cts_bytes(1, rails_) - 2;
+    const std::size_t stride = cts_bytes(1, rails_) - kCtsHeaderBytes;
     for (std::size_t i = 0; i < count_ && error_ == nullptr; ++i) {
-      const auto flags = std::to_integer<std::uint8_t>(body[2 + i * stride + kCtsFlagOffset]);
-      if ((flags & ~(kCtsEagerReceive | kCtsRefused)) != 0) {
-        error_ = "clear-to-send: unknown flags";
-      }
+      const auto flags =
+          std::to_integer<std::uint8_t>(body[kCtsHeaderBytes + i * stride + kCtsFlagOffset]);
+      if ((flags & ~kCtsRefused) != 0) error_ = "clear-to-send: unknown flags";
     }
   }
 }
 
 CtsEntryView CtsReader::entry(std::size_t i) const noexcept {
-  const std::size_t stride = cts_bytes(1, rails_) - 2;
-  WireReader r(body_.subspan(2 + i * stride, stride));
+  const std::size_t stride = cts_bytes(1, rails_) - kCtsHeaderBytes;
+  WireReader r(body_.subspan(kCtsHeaderBytes + i * stride, stride));
   CtsEntryView view;
   view.seq = r.u32();
   view.size = r.u64();
   view.tag = r.u32();
-  const std::uint8_t flags = r.u8();
-  view.eager_receive = (flags & kCtsEagerReceive) != 0;
-  view.refused = (flags & kCtsRefused) != 0;
+  view.refused = (r.u8() & kCtsRefused) != 0;
   view.address = r.u64();
   view.keys = r.bytes(8 * rails_).data();
   return view;
@@ -320,13 +323,14 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
   if (reader.error() != nullptr) return reader.error();
   out.count = static_cast<std::uint8_t>(reader.count());
   out.data_rails = static_cast<std::uint8_t>(reader.data_rails());
+  out.credits = static_cast<std::uint16_t>(reader.credits());
+  out.eager_size = static_cast<std::uint32_t>(reader.eager_size());
   for (std::size_t i = 0; i < reader.count(); ++i) {
     const CtsEntryView view = reader.entry(i);
     CtsEntry& e = out.entries[i];
     e.seq = view.seq;
     e.size = view.size;
     e.tag = view.tag;
-    e.eager_receive = view.eager_receive;
     e.refused = view.refused;
     e.address = view.address;
     std::memcpy(e.keys.data(), view.keys, 8 * reader.data_rails());

@@ -104,33 +104,41 @@ const char* to_string(RejectReason reason);
 // message at the next progress of its lane (or when a batch fills).
 inline constexpr std::size_t kMaxBatch = 64;  // a fabtests-sized window in one message
 
+// Every receive buffer is announced once, whatever its size: the sender judges its message
+// against it (verdict.hpp) before writing, or, for a message it sent ahead on a credit, to
+// learn the outcome the receiver reached. The batch also grants credits: eager buffers the
+// receiver (re)posted since its last batch, each taking one message of up to `eager_size`.
 struct CtsEntry {
   std::uint32_t seq = 0;
   std::uint64_t size = 0;  // the posted buffer's size
   std::uint32_t tag = 0;
-  // The receiver posted an eager receive for the buffer. Without one (buffers above the
-  // receiver's eager limit) every message comes by write, whatever its size.
-  bool eager_receive = true;
-  // The receive failed on the receiver (the provider refused to post it): nothing may be sent
-  // into the buffer, which is back with the receiver's application.
+  // The receive failed on the receiver before anything arrived: nothing may be sent into the
+  // buffer, which is back with the receiver's application.
   bool refused = false;
   std::uint64_t address = 0;  // for rendezvous writes, per MemoryRegistration::remote_address
   std::array<std::uint64_t, kMaxDataRails> keys{};
 };
 struct ClearToSend {
   std::uint8_t count = 0;
-  std::uint8_t data_rails = 0;  // keys per entry
+  std::uint8_t data_rails = 0;   // keys per entry
+  std::uint16_t credits = 0;     // eager buffers granted with this batch
+  std::uint32_t eager_size = 0;  // the size of each (0 with no credits)
   std::array<CtsEntry, kMaxBatch> entries;
 };
+inline constexpr std::size_t kCtsHeaderBytes = 1 + 1 + 2 + 4;
 inline constexpr std::size_t kCtsEntryFixedBytes = 4 + 8 + 4 + 1 + 8;
 inline constexpr std::size_t cts_bytes(std::size_t count, std::size_t rails) {
-  return 2 + count * (kCtsEntryFixedBytes + 8 * rails);
+  return kCtsHeaderBytes + count * (kCtsEntryFixedBytes + 8 * rails);
 }
 // Entries one clear-to-send can carry with `rails` keys each.
 inline constexpr std::size_t max_cts_entries(std::size_t rails) {
-  const std::size_t fit = (mux::kMaxControlBody - 2) / (kCtsEntryFixedBytes + 8 * rails);
+  const std::size_t fit =
+      (mux::kMaxControlBody - kCtsHeaderBytes) / (kCtsEntryFixedBytes + 8 * rails);
   return fit < kMaxBatch ? fit : kMaxBatch;
 }
+// Credits one batch can grant, and the largest eager buffer.
+inline constexpr std::size_t kMaxCreditsPerBatch = 0xFFFF;
+inline constexpr std::size_t kMaxEagerBuffer = std::size_t{1} << 24;
 std::size_t encode_cts(const ClearToSend& message, std::span<std::byte> out);
 const char* decode_cts(std::span<const std::byte> in, ClearToSend& out);
 
@@ -140,7 +148,6 @@ struct CtsEntryView {
   std::uint32_t seq = 0;
   std::uint64_t size = 0;
   std::uint32_t tag = 0;
-  bool eager_receive = true;
   bool refused = false;
   std::uint64_t address = 0;
   const std::byte* keys = nullptr;  // data_rails() little-endian u64 values
@@ -152,6 +159,8 @@ class CtsReader {
   [[nodiscard]] const char* error() const noexcept { return error_; }
   [[nodiscard]] std::size_t count() const noexcept { return count_; }
   [[nodiscard]] std::size_t data_rails() const noexcept { return rails_; }
+  [[nodiscard]] std::size_t credits() const noexcept { return credits_; }
+  [[nodiscard]] std::size_t eager_size() const noexcept { return eager_size_; }
   // Entry i (i < count(); only valid when error() is null).
   [[nodiscard]] CtsEntryView entry(std::size_t i) const noexcept;
 
@@ -159,6 +168,8 @@ class CtsReader {
   std::span<const std::byte> body_;
   std::size_t count_ = 0;
   std::size_t rails_ = 0;
+  std::size_t credits_ = 0;
+  std::size_t eager_size_ = 0;
   const char* error_ = nullptr;
 };
 

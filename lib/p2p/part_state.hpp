@@ -5,8 +5,11 @@
 //
 // Send (one part per isend):
 //
-//   kAwaitingClearance --CTS: fits, eager--> kEagerReady --posted--> kEagerInFlight --> kDone
-//                      \                      \--injected------------------------------> kDone
+//   kAwaitingClearance --a credit: sent ahead--> kSentAhead --CTS: fits--> kEagerInFlight|kDone
+//                      \                                    \--CTS: refused, too large, wrong tag,
+//                       \                                      or the send failed--> kFailed
+//                       \--CTS: fits, a credit--> kEagerReady --posted--> kEagerInFlight --> kDone
+//                       \                           \--injected------------------------> kDone
 //                       \--CTS: fits, write--> kWriting (stripes k of n; its ready-to-send)
 //                        \                      \--all written and the RTS left--------> kDone
 //                         \--CTS: refused by the receiver----------------------------> kFailed
@@ -15,14 +18,14 @@
 //
 // Receive (up to kMaxParts parts per irecv):
 //
-//   kAwaitingPost --eager receive posted (or none needed: by write; or it failed)--> kToAnnounce
-//   kToAnnounce --in a clear-to-send batch--> kAnnounced --batch left--> kCleared
-//                                                         \--(a failed part)------> kFailed
-//   kCleared --eager message arrived--> kDone | kFailed
+//   kAwaitingPost --irecv--> kToAnnounce --in a clear-to-send batch--> kAnnounced
+//   kAnnounced --batch left--> kCleared (a failed part: kFailed)
+//              \--its message came ahead (copied from an eager buffer)--> kArrived
+//   kArrived --batch left: the sender can judge it too--> kDone | kFailed
+//   kCleared --its message came ahead--> kDone | kFailed
 //            \--ready-to-send or a write that fills--> kWriting --writes k of n--> kDone
 //             \--a write before its ready-to-send--> kWritesAhead --RTS--> kWriting
-//   Any unfinished part --failure--> kCancelling (its eager receive is being taken back)
-//                                    or kFailed; kCancelling --cancellation done--> kFailed
+//   Any unfinished part --failure--> kFailed (kArrived: its own outcome)
 //
 // Flush (iflush): kAwaitingPost --read posted--> kFlushing --> kDone | kFailed.
 #pragma once
@@ -33,7 +36,8 @@
 namespace loom::p2p {
 
 enum class SendState : std::uint8_t {
-  kAwaitingClearance,  // no clear-to-send for its sequence number yet
+  kAwaitingClearance,  // no clear-to-send for its sequence number yet, and no credit
+  kSentAhead,          // sent on a credit before its clear-to-send: the verdict comes with it
   kEagerReady,         // cleared for an eager send; waits for room in the provider's queue
   kEagerInFlight,      // the eager send is posted: done at its local completion
   kWriting,            // cleared for RDMA writes: stripes posted and completing
@@ -43,14 +47,14 @@ enum class SendState : std::uint8_t {
 };
 
 enum class RecvState : std::uint8_t {
-  kAwaitingPost,  // its eager receive waits for room in the provider's queue
+  kAwaitingPost,  // not taken up by irecv yet (flushes: the read is not posted)
   kToAnnounce,    // ready for a clear-to-send (a failed part announces its refusal)
   kAnnounced,     // in the clear-to-send batch, not sent yet
-  kCleared,       // the clear-to-send left: the eager message or the writes may come
+  kArrived,       // its message came ahead and is copied; the batch announcing it has not left
+  kCleared,       // the clear-to-send left: the writes may come (or the message ahead)
   kWritesAhead,   // writes arrive before the ready-to-send that gives size and tag
   kWriting,       // size and tag known (ready-to-send, or a write that fills the buffer)
   kFlushing,      // iflush: the read is posted
-  kCancelling,    // failed; its posted eager receive is being cancelled
   kDone,
   kFailed,
 };
@@ -69,9 +73,12 @@ constexpr unsigned next_states(SendState from) {
   using S = SendState;
   switch (from) {
     case S::kAwaitingClearance:
-      return bit(S::kEagerReady) | bit(S::kWriting) | bit(S::kFailing) | bit(S::kFailed);
-    case S::kEagerReady:
+      return bit(S::kSentAhead) | bit(S::kEagerReady) | bit(S::kWriting) | bit(S::kFailing) |
+             bit(S::kFailed);
+    case S::kSentAhead:
       return bit(S::kEagerInFlight) | bit(S::kDone) | bit(S::kFailed);
+    case S::kEagerReady:  // kWriting: the credit it counted on was taken meanwhile
+      return bit(S::kEagerInFlight) | bit(S::kDone) | bit(S::kWriting) | bit(S::kFailed);
     case S::kEagerInFlight:
       return bit(S::kDone) | bit(S::kFailed);
     case S::kWriting:
@@ -87,14 +94,16 @@ constexpr unsigned next_states(SendState from) {
 
 constexpr unsigned next_states(RecvState from) {
   using R = RecvState;
-  constexpr unsigned failing = bit(R::kCancelling) | bit(R::kFailed);
+  constexpr unsigned failing = bit(R::kFailed);
   switch (from) {
     case R::kAwaitingPost:
       return bit(R::kToAnnounce) | bit(R::kFlushing) | failing;
     case R::kToAnnounce:
       return bit(R::kAnnounced) | failing;
     case R::kAnnounced:
-      return bit(R::kCleared) | failing;
+      return bit(R::kCleared) | bit(R::kArrived) | failing;
+    case R::kArrived:
+      return bit(R::kDone) | bit(R::kFailed);
     case R::kCleared:
       return bit(R::kDone) | bit(R::kWritesAhead) | bit(R::kWriting) | failing;
     case R::kWritesAhead:
@@ -103,8 +112,6 @@ constexpr unsigned next_states(RecvState from) {
       return bit(R::kDone) | failing;
     case R::kFlushing:
       return bit(R::kDone) | bit(R::kFailed);
-    case R::kCancelling:
-      return bit(R::kFailed);
     case R::kDone:
     case R::kFailed:
       return 0;
@@ -128,7 +135,8 @@ constexpr bool terminal(RecvState s) {
 
 static_assert(legal(SendState::kAwaitingClearance, SendState::kWriting));
 static_assert(!legal(SendState::kDone, SendState::kFailed), "an outcome never changes");
-static_assert(!legal(RecvState::kAnnounced, RecvState::kDone), "data comes after the CTS left");
-static_assert(!legal(RecvState::kCancelling, RecvState::kDone), "a cancelled part failed");
+static_assert(!legal(RecvState::kAnnounced, RecvState::kDone),
+              "the sender learns the verdict before the receiver reports it");
+static_assert(!legal(SendState::kSentAhead, SendState::kWriting), "a message leaves once");
 
 }  // namespace loom::p2p

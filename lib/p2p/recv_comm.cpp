@@ -11,6 +11,21 @@ namespace loom::p2p {
 RecvCommImpl::RecvCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
     : Comm(core, lane, mux::Direction::kRecv, peer), by_seq_(kSeqWindow) {}
 
+// The eager buffers' registration goes before their memory (Comm's destructor runs after
+// ours). Closed and drained: close() gave it back already; retired: the lane holds its lock.
+RecvCommImpl::~RecvCommImpl() {
+  if (closed_) {
+    release_registrations();
+    return;
+  }
+  std::lock_guard lock(lane_->mutex());
+  release_registrations();
+}
+
+bool RecvCommImpl::drained() const noexcept {
+  return eager_posted_ == 0 && Comm::drained();
+}
+
 Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
   request = nullptr;
   std::lock_guard lock(lane_->mutex());
@@ -131,49 +146,44 @@ void RecvCommImpl::on_flush_read(Request& r, const ofi::Completion& completion) 
   if (r.ops_outstanding == 0) post_flush_reads(r);
 }
 
+// A clear-to-send for a buffer above the eager size leaves at once: its sender can do nothing
+// before it. The others leave with the lane's next progress: a sender with credits does not
+// wait for them.
 void RecvCommImpl::advance(Request& r) {
   if (r.kind == RequestKind::kFlush) {
     post_flush_reads(r);
     return;
   }
-  post_in_order();
+  bool urgent = eager_posted_ == 0;
+  for (std::size_t i = 0; i < r.part_count; ++i) {
+    Part& part = r.parts[i];
+    if (part.recv == RecvState::kAwaitingPost) part.to(RecvState::kToAnnounce);
+    urgent = urgent || part.size > eager_size_;
+  }
   announce(r);
+  if (urgent) send_control_batch();
 }
 
-// A part whose eager receive the provider holds is not decided until the receive is back:
-// the provider could still write into the buffer.
+// A part whose message arrived keeps the outcome it has; any other fails. Writes still
+// streaming into a failed buffer are what close() waits for (writes_may_arrive).
 void RecvCommImpl::fail_part(Request& r, Part& part, Status status) {
-  if (terminal(part.recv) || part.recv == RecvState::kCancelling) return;
+  if (terminal(part.recv)) return;
+  if (part.recv == RecvState::kArrived) {
+    part.to(part.status == Status::kOk ? RecvState::kDone : RecvState::kFailed);
+    return;
+  }
   part.status = status;
   if (r.kind == RequestKind::kFlush) {
     r.stripes = r.stripes_posted;  // no further reads; those posted complete and decide it
     if (r.ops_outstanding == 0) part.to(RecvState::kFailed);
     return;
   }
-  if (!part.recv_outstanding) {
-    part.to(RecvState::kFailed);
-    return;
-  }
-  // In kWriting the receive is being cancelled already (apply_ready_to_send).
-  if (part.recv != RecvState::kWriting) {
-    lane_->rails()
-        .data(part.seq % data_rails_)
-        .cancel(&r.ops[static_cast<std::size_t>(&part - r.parts.data())]);
-  }
-  part.to(RecvState::kCancelling);
+  part.to(RecvState::kFailed);
 }
 
-void RecvCommImpl::on_op(Request& r, std::size_t i, const ofi::Completion& completion) {
-  if (r.kind == RequestKind::kFlush) {
-    on_flush_read(r, completion);
-    return;
-  }
-  Part& part = r.parts[i];
-  --r.ops_outstanding;
-  part.recv_outstanding = false;
-  lane_->receive_finished(part.seq % data_rails_);
-  --receives_held_;
-  on_eager(r, part, completion);
+// Only flushes post operations of a request: eager messages come through the eager buffers.
+void RecvCommImpl::on_op(Request& r, std::size_t, const ofi::Completion& completion) {
+  on_flush_read(r, completion);
 }
 
 void RecvCommImpl::on_control(const mux::ControlHeader& header, std::span<const std::byte> body) {

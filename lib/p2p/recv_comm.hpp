@@ -4,6 +4,8 @@
 // and the dispatch of events to those.
 #pragma once
 
+#include <cstdlib>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -14,6 +16,9 @@ namespace loom::p2p {
 class RecvCommImpl final : public Comm {
  public:
   RecvCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer);
+  ~RecvCommImpl() override;
+  RecvCommImpl(const RecvCommImpl&) = delete;
+  RecvCommImpl& operator=(const RecvCommImpl&) = delete;
 
   Status irecv(std::span<const RecvBuffer> buffers, Request*& request);
   Status iflush(std::span<const RecvBuffer> buffers, Request*& request);
@@ -21,6 +26,8 @@ class RecvCommImpl final : public Comm {
   void on_op(Request& request, std::size_t index, const ofi::Completion& completion) override;
   void on_control(const mux::ControlHeader& header, std::span<const std::byte> body) override;
   void on_remote_write(mux::WriteImmediate immediate) override;
+  [[nodiscard]] bool drained() const noexcept override;
+  void abandon_registrations() noexcept override;
 
  private:
   // One buffer of a request.
@@ -29,25 +36,46 @@ class RecvCommImpl final : public Comm {
     std::uint8_t part = 0;
   };
 
+  // eager.cpp: the buffers behind the sender's credits. Each takes one message sent ahead
+  // (tag: kEager | our id | any seq) and holds it until the irecv for its sequence number.
+  struct EagerBuffer final : ofi::CompletionHandler {
+    enum class State : std::uint8_t { kIdle, kPosted, kHeld };
+    RecvCommImpl* owner = nullptr;
+    std::byte* data = nullptr;
+    State state = State::kIdle;
+    bool has_tag = false;  // kHeld: the message carried CQ data (its tag)
+    std::uint32_t seq = 0;
+    std::size_t length = 0;
+    std::uint64_t tag = 0;
+    ofi::OpContext op;
+    void on_completion(ofi::OpContext& op, const ofi::Completion& completion) override;
+  };
+  struct AlignedFree {
+    void operator()(std::byte* p) const noexcept { std::free(p); }
+  };
+
   void advance(Request& request) override;
-  // A part leaves for kCancelling (its eager receive is taken back first) or kFailed.
+  // A part leaves for kFailed (kArrived: for the outcome it has).
   void fail_part(Request& request, Part& part, Status status) override;
+  void on_peer_connected() override;
+  void cancel_standing() override;
+  void release_registrations() override;
   // iflush: one read per data rail (see iflush), and the completion of one.
   void post_flush_reads(Request& request);
   void on_flush_read(Request& request, const ofi::Completion& completion);
 
   // clear_to_send.cpp
-  // Posts the eager receives not posted yet, lowest sequence first, until the provider pushes
-  // back.
-  void post_in_order();
   // Adds the request's parts in kToAnnounce to the clear-to-send batch (sending it first when
   // it is full).
   void announce(Request& request);
-  void send_control_batch() override;  // the clear-to-sends
+  void send_control_batch() override;  // the clear-to-sends and the credits granted
   // eager.cpp
-  // False when the provider pushed back (the request is queued for retry).
-  bool post_receive(Request& request, std::size_t index);
-  void on_eager(Request& request, Part& part, const ofi::Completion& completion);
+  void post_eager_buffers();
+  void on_eager_buffer(EagerBuffer& buffer, const ofi::Completion& completion);
+  void deliver_held(Request& request, Part& part);
+  void deliver(Request& request, Part& part, EagerBuffer& buffer);
+  void give_back(EagerBuffer& buffer);
+  [[nodiscard]] std::uint32_t full_seq(std::uint32_t low) const noexcept;
   // rendezvous.cpp
   void on_ready_to_send(std::span<const std::byte> body);
   void apply_ready_to_send(Request& request, std::size_t index, const RtsEntry& rts);
@@ -62,12 +90,21 @@ class RecvCommImpl final : public Comm {
   void on_writes_posted(std::span<const std::byte> body);
 
   std::uint32_t next_seq_ = 0;
-  std::uint32_t post_next_ = 0;   // the lowest sequence whose receive may still need posting
   std::vector<PartRef> by_seq_;   // by seq % kSeqWindow
   ClearToSend batch_;             // entries not sent yet
   std::vector<PartRef> batched_;  // the buffers they describe
   std::size_t batch_limit_ = 0;
-  std::size_t receives_held_ = 0;  // eager receives posted (the lane limits each comm's share)
+  std::size_t receives_held_ = 0;  // eager buffers posted (the lane limits each comm's share)
+  // Eager buffers: LOOM_EAGER_CREDITS of eager_size_ bytes in one registration.
+  std::size_t eager_size_ = 0;
+  std::size_t eager_count_ = 0;
+  std::size_t eager_idle_ = 0;
+  std::size_t eager_posted_ = 0;
+  std::size_t eager_held_ = 0;
+  std::size_t credits_to_grant_ = 0;  // posted since the last batch
+  std::unique_ptr<std::byte, AlignedFree> eager_memory_;
+  ofi::MemoryRegistration* eager_registration_ = nullptr;
+  std::unique_ptr<EagerBuffer[]> eager_buffers_;
   // Closing with announced buffers unfinished: the writes the sender says it posted towards
   // them, and those seen (before the close in the parts, after it here).
   bool awaiting_writes_ = false;

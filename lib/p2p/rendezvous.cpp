@@ -1,8 +1,9 @@
-// Rendezvous: a message the buffer's eager receive cannot take (above either side's eager
-// limit) is written with fi_writedata in stripes over the data rails, each carrying comm id |
-// seq | fills | stripe count as remote CQ data. A message that fills its buffer says so in that
-// CQ data and nothing else goes; otherwise a ready-to-send carries size and tag (an empty
-// message rides on it alone) and the receiver judges it as the sender did (verdict.hpp).
+// Rendezvous: a message that does not go eagerly (above the receiver's eager size, or no
+// credit left when its buffer's clear-to-send came) is written with fi_writedata in stripes over
+// the data rails, each carrying comm id | seq | fills | stripe count as remote CQ data. A message
+// that fills its buffer says so in that CQ data and nothing else goes; otherwise a ready-to-send
+// carries size and tag (an empty message rides on it alone) and the receiver judges it as the
+// sender did (verdict.hpp).
 #include <algorithm>
 
 #include "ofi/memory_registration.hpp"
@@ -138,7 +139,7 @@ Part* RecvCommImpl::waiting_part(std::uint32_t seq, std::uint32_t mask, Request*
 }
 
 void RecvCommImpl::finish_rendezvous(Part& part) {
-  if (part.recv != RecvState::kWriting || part.recv_outstanding) return;
+  if (part.recv != RecvState::kWriting) return;
   if (part.writes_seen < part.writes_expected) return;
   ++stats_.rendezvous;
   part.to(RecvState::kDone);
@@ -161,7 +162,6 @@ void RecvCommImpl::on_ready_to_send(std::span<const std::byte> body) {
       apply_ready_to_send(*r, i, rts);
       continue;
     }
-    if (part != nullptr && part->recv == RecvState::kCancelling) continue;  // failed here
     util::log().warn(
         "comm {} on lane {}: ready-to-send for message {} dropped: no buffer "
         "waits for it",
@@ -186,11 +186,9 @@ void RecvCommImpl::apply_ready_to_send(Request& r, std::size_t i, const RtsEntry
     part.delivered = rts.size;
   }
   if (part.status != Status::kOk) {
-    fail_part(r, part, part.status);  // takes back the eager receive, if one waits
+    fail_part(r, part, part.status);
     return;
   }
-  // The eager receive posted for this buffer will never match: take it back.
-  if (part.recv_outstanding) lane_->rails().data(part.seq % data_rails_).cancel(&r.ops[i]);
   part.to(RecvState::kWriting);
   finish_rendezvous(part);
 }
@@ -203,11 +201,9 @@ void RecvCommImpl::on_remote_write(mux::WriteImmediate immediate) {
   Request* r = nullptr;
   std::size_t i = 0;
   Part* part = waiting_part(immediate.seq, mux::kImmSeqMask, &r, &i);
-  if (part == nullptr || part->recv == RecvState::kCancelling) {
-    if (part == nullptr) [[unlikely]] {
-      util::log().warn("comm {} on lane {}: remote write for message {} that no buffer waits for",
-                       id_, lane_->id(), immediate.seq);
-    }
+  if (part == nullptr) [[unlikely]] {
+    util::log().warn("comm {} on lane {}: remote write for message {} that no buffer waits for",
+                     id_, lane_->id(), immediate.seq);
     return;
   }
   switch (part->recv) {

@@ -46,12 +46,6 @@ struct Part {
   Status status = Status::kOk;
   SendState send = SendState::kAwaitingClearance;  // sends
   RecvState recv = RecvState::kAwaitingPost;       // receives and flushes
-  // Receives: the provider holds its eager receive (or its flush read); provider bookkeeping,
-  // not protocol state: a part is not finished while the provider may still write into it.
-  bool recv_outstanding = false;
-  // Receives: above the eager limit, so no eager receive is posted and every message to it
-  // comes by write (the clear-to-send says so).
-  bool by_write = false;
   std::uint8_t writes_expected = 0;
   std::uint8_t writes_seen = 0;
 

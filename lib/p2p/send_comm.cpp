@@ -24,10 +24,7 @@ SendCommImpl::SendCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t pee
 Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const MemoryRegion& region,
                            Request*& request) {
   request = nullptr;
-  // Clear-to-sends batched on our receive lanes go before this message: the peer may be
-  // waiting for them to send what we wait for next (it could be what this message releases).
-  kick_other_lanes();
-  std::lock_guard lock(lane_->mutex());
+  std::unique_lock lock(lane_->mutex());
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "isend on a closed communicator");
   if (peer_gone()) [[unlikely]] {
@@ -62,9 +59,17 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   waiting_[seq % kSeqWindow] = r;
   writes_posted_[seq % kSeqWindow] = 0;
   const Clearance& clearance = clearances_[seq % kSeqWindow];
-  if (clearance.valid && clearance.seq == seq) match(*r);
+  if (clearance.valid && clearance.seq == seq) {
+    match(*r);
+  } else {
+    send_ahead_waiting();  // this one too, on a credit, unless older ones wait for credits
+  }
   advance(*r);
   request = r;
+  lock.unlock();
+  // Clear-to-sends batched on our receive lanes follow this message: the peer may be waiting
+  // for them to send what we wait for next, but not before this one.
+  kick_other_lanes();
   return Status::kOk;
 }
 
@@ -74,6 +79,9 @@ void SendCommImpl::advance(Request& r) {
   Part& part = r.parts[0];
   if (!closed_) {
     switch (part.send) {
+      case SendState::kAwaitingClearance:
+        send_ahead_waiting();  // a send ahead the provider pushed back
+        break;
       case SendState::kEagerReady:
         post_eager(r);
         break;
@@ -126,6 +134,14 @@ void SendCommImpl::on_op(Request& r, std::size_t, const ofi::Completion& complet
   Part& part = r.parts[0];
   if (completion.status != Status::kOk) [[unlikely]]
     fail_send(r, completion);
+  if (part.send == SendState::kSentAhead) {
+    // Its clearance decides it; a failed send decides it now.
+    if (r.status != Status::kOk) {
+      part.status = r.status;
+      part.to(SendState::kFailed);
+    }
+    return;
+  }
   if (part.send == SendState::kEagerInFlight) {
     if (r.status == Status::kOk) {
       part.delivered = part.size;

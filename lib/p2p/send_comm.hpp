@@ -28,7 +28,6 @@ class SendCommImpl final : public Comm {
     bool valid = false;
     std::uint32_t seq = 0;
     BufferFacts buffer;
-    bool eager_receive = true;
     std::uint64_t address = 0;
   };
 
@@ -42,7 +41,10 @@ class SendCommImpl final : public Comm {
   void on_clear_to_send(std::span<const std::byte> body);
   void match(Request& request);
   // eager.cpp
+  [[nodiscard]] bool eager_fits(const Part& part) const noexcept;
   void post_eager(Request& request);
+  void send_ahead_waiting();
+  void settle_sent_ahead(Request& request, const Clearance& clearance);
   // rendezvous.cpp
   void queue_ready_to_send(Request& request);
   void send_control_batch() override;  // the ready-to-sends
@@ -56,6 +58,9 @@ class SendCommImpl final : public Comm {
   void send_writes_posted(const CloseNotice& notice);
 
   std::uint32_t next_seq_ = 0;
+  std::uint32_t ahead_next_ = 0;  // the oldest message that may be waiting for a credit
+  std::size_t credits_ = 0;       // eager buffers the receiver has posted for us
+  std::size_t eager_size_ = 0;    // their size (0 until the first grant)
   std::size_t min_stripe_;
   std::vector<Clearance> clearances_;        // by seq % kSeqWindow
   std::size_t key_stride_;                   // the lane's data rails

@@ -175,9 +175,13 @@ constexpr Row kTable[] = {
   number<&Config::qp_depth_multiplier, 1, 64>("LOOM_QP_DEPTH_MULTIPLIER", "1",
     "scales queue depths of shared lanes; clamped to the provider's limits"),
   number<&Config::eager_max, 0, 1ull << 24>("LOOM_EAGER_MAX", "16k",
-    "largest message sent eagerly (tagged send), and largest receive buffer given an eager "
-    "receive, both never above the provider's max_msg_size; larger messages, and any message to "
-    "a larger buffer, use RDMA-write rendezvous"),
+    "largest message sent eagerly (tagged send into one of the receiver's eager buffers, "
+    "copied from there into the posted buffer), never above the provider's max_msg_size; "
+    "larger messages use RDMA-write rendezvous"),
+  number<&Config::eager_credits, 0, 256>("LOOM_EAGER_CREDITS", "16",
+    "eager buffers (of LOOM_EAGER_MAX bytes) each receiving communicator posts: its sender "
+    "may have this many eager messages in flight before their buffers are announced; the "
+    "rest wait for the announcement and go by RDMA write; 0 = every message waits"),
   number<&Config::inject_max, 0, 1ull << 20>("LOOM_INJECT_MAX", "4k",
     "largest eager message sent by fi_tinjectdata (no send completion) where the provider's "
     "inject size allows it (shm: 4 KiB, rxm: 64 B); 0 = never"),

@@ -10,22 +10,26 @@ using namespace loom::p2p;
 using loom::fuzz::ByteSource;
 
 bool same_entry(const CtsEntry& a, const CtsEntry& b, std::size_t rails) {
-  return a.seq == b.seq && a.size == b.size && a.tag == b.tag &&
-         a.eager_receive == b.eager_receive && a.refused == b.refused && a.address == b.address &&
+  return a.seq == b.seq && a.size == b.size && a.tag == b.tag && a.refused == b.refused &&
+         a.address == b.address &&
          std::equal(a.keys.begin(), a.keys.begin() + rails, b.keys.begin());
 }
 
 // Only the first `count` entries and `data_rails` keys are on the wire.
 bool same_cts(const ClearToSend& a, const ClearToSend& b) {
-  if (a.count != b.count || a.data_rails != b.data_rails) return false;
+  if (a.count != b.count || a.data_rails != b.data_rails || a.credits != b.credits ||
+      a.eager_size != b.eager_size) {
+    return false;
+  }
   for (std::size_t i = 0; i < a.count; ++i) {
     if (!same_entry(a.entries[i], b.entries[i], a.data_rails)) return false;
   }
   return true;
 }
 bool cts_fits(const ClearToSend& m) {
-  return m.data_rails >= 1 && m.data_rails <= kMaxDataRails && m.count >= 1 &&
-         m.count <= max_cts_entries(m.data_rails);
+  return m.data_rails >= 1 && m.data_rails <= kMaxDataRails && (m.count >= 1 || m.credits >= 1) &&
+         m.count <= max_cts_entries(m.data_rails) && (m.credits == 0 || m.eager_size != 0) &&
+         m.eager_size <= kMaxEagerBuffer;
 }
 
 bool same_rts(const ReadyToSend& a, const ReadyToSend& b) {
@@ -56,13 +60,14 @@ ClearToSend make_cts(ByteSource& s) {
   ClearToSend m;
   m.count = static_cast<std::uint8_t>(s.u8() % (kMaxBatch + 2));
   m.data_rails = static_cast<std::uint8_t>(s.u8() % (kMaxDataRails + 2));
+  m.credits = s.take<std::uint16_t>();
+  m.eager_size = s.take<std::uint32_t>();
   for (std::size_t i = 0; i < std::min<std::size_t>(m.count, kMaxBatch); ++i) {
     CtsEntry& e = m.entries[i];
     e.seq = s.take<std::uint32_t>();
     e.size = s.take<std::uint64_t>();
     e.tag = s.take<std::uint32_t>();
     const std::uint8_t flags = s.u8();
-    e.eager_receive = (flags & 1) != 0;
     e.refused = (flags & 2) != 0;
     e.address = s.take<std::uint64_t>();
     for (std::size_t k = 0; k < std::min<std::size_t>(m.data_rails, kMaxDataRails); ++k) {

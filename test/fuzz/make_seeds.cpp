@@ -62,12 +62,15 @@ Bytes control(std::uint8_t type, const Bytes& body) {
 }
 
 ClearToSend cts(std::uint8_t count, std::uint8_t rails) {
-  ClearToSend m{.count = count, .data_rails = rails, .entries = {}};
+  ClearToSend m{.count = count,
+                .data_rails = rails,
+                .credits = static_cast<std::uint16_t>(count % 2 == 0 ? 16 : 0),
+                .eager_size = count % 2 == 0 ? 16384u : 0u,
+                .entries = {}};
   for (std::uint8_t i = 0; i < count; ++i) {
     m.entries[i] = {.seq = 100u + i,
                     .size = 1u << 20,
                     .tag = 9,
-                    .eager_receive = i % 2 == 0,
                     .refused = i % 3 == 2,
                     .address = 0x10000,
                     .keys = {}};

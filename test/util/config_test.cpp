@@ -43,12 +43,13 @@ TEST_CASE("config: every variable sets a field", "[util]") {
       {"LOOM_LOOPBACK_ONLY", "1"},       {"LOOM_DATA_RAILS", "2"},
       {"LOOM_CTRL_RAILS", "2"},          {"LOOM_NGROUPS", "0"},
       {"LOOM_QP_DEPTH_MULTIPLIER", "2"}, {"LOOM_EAGER_MAX", "1k"},
-      {"LOOM_INJECT_MAX", "0"},          {"LOOM_MIN_STRIPE", "1m"},
-      {"LOOM_MR_CACHE_ENTRIES", "7"},    {"LOOM_LOG_LEVEL", "off"},
-      {"LOOM_CONNECT_TIMEOUT_MS", "5"},  {"LOOM_PEER_TIMEOUT_MS", "6"},
-      {"LOOM_FORCE_FLUSH", "1"},         {"LOOM_TOPOLOGY_XML", "/x.xml"},
-      {"LOOM_GPU", "0000:13:00.0"},      {"LOOM_DEVICE_MEMORY", "0"},
-      {"LOOM_GPU_FLUSH", "0"},           {"LOOM_CUDA_DMABUF", "0"},
+      {"LOOM_EAGER_CREDITS", "3"},       {"LOOM_INJECT_MAX", "0"},
+      {"LOOM_MIN_STRIPE", "1m"},         {"LOOM_MR_CACHE_ENTRIES", "7"},
+      {"LOOM_LOG_LEVEL", "off"},         {"LOOM_CONNECT_TIMEOUT_MS", "5"},
+      {"LOOM_PEER_TIMEOUT_MS", "6"},     {"LOOM_FORCE_FLUSH", "1"},
+      {"LOOM_TOPOLOGY_XML", "/x.xml"},   {"LOOM_GPU", "0000:13:00.0"},
+      {"LOOM_DEVICE_MEMORY", "0"},       {"LOOM_GPU_FLUSH", "0"},
+      {"LOOM_CUDA_DMABUF", "0"},
   };
   const Config defaults;
   for (const auto& var : config_variables()) {

@@ -1,0 +1,424 @@
+// Eager credits (lib/p2p/eager.cpp): messages sent ahead into the receiver's eager buffers
+// before their buffers are posted, credits running out and coming back, a sender far ahead of
+// its receiver, eager and rendezvous messages mixed, and a peer dying with credits out.
+#include <algorithm>
+#include <csignal>
+#include <random>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "support/p2p_pair.hpp"
+
+namespace loom::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::size_t kEagerMax = 16 * 1024;
+constexpr auto kBound = 6000ms;  // peer timeout (2 s) and the slack a loaded CI machine needs
+
+Config credits_config(unsigned credits) {
+  Config config = test_config(1);
+  config.eager_max = kEagerMax;
+  config.eager_credits = credits;
+  config.peer_timeout_ms = 2000;
+  return config;
+}
+
+std::uint64_t seed_of(std::size_t message) {
+  return 7000 + message * 13;
+}
+
+// Messages (and their buffers) one after the other in one registered buffer.
+struct Layout {
+  std::vector<std::size_t> sizes;    // message sizes
+  std::vector<std::size_t> buffers;  // receive buffer sizes (>= the message's)
+  std::vector<std::size_t> at;
+  std::size_t total = 0;
+  Layout(std::vector<std::size_t> message_sizes, std::vector<std::size_t> buffer_sizes)
+      : sizes(std::move(message_sizes)), buffers(std::move(buffer_sizes)) {
+    for (std::size_t size : buffers) {
+      at.push_back(total);
+      total += std::max<std::size_t>(size, 1);
+    }
+  }
+};
+
+// Tests each request until all are done (kOk required) or `span` passed; how many are done.
+std::size_t test_all(Communicator& comm, const std::vector<Request*>& requests,
+                     std::vector<bool>& done, std::chrono::milliseconds span) {
+  const auto end = std::chrono::steady_clock::now() + span;
+  std::size_t finished = 0;
+  do {
+    finished = 0;
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      if (!done[i]) {
+        bool now = false;
+        const Status status = comm.test(requests[i], now, {});
+        require(status == Status::kOk, "request " + std::to_string(i) + ": " + comm.last_error());
+        done[i] = now;
+      }
+      finished += done[i] ? 1 : 0;
+    }
+  } while (finished != requests.size() && std::chrono::steady_clock::now() < end);
+  return finished;
+}
+
+// The receiver posts its buffers only when told, in batches of `batch` with `pause` between
+// them (making no progress meanwhile); the sender has posted every message before the first.
+void run_late_receiver(const Layout& layout, unsigned credits, std::size_t batch,
+                       std::chrono::milliseconds pause) {
+  const std::size_t n = layout.sizes.size();
+  auto receiver = [&](Channel& channel) {
+    Context context(credits_config(credits));
+    Listener listener = context.listen();
+    send_handle(channel, listener.handle());
+    auto in = accept_one(listener);
+    std::vector<std::byte> buffer(layout.total);
+    MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
+    // One message first: its progress sends the credits.
+    RecvBuffer first{buffer.data(), layout.buffers[0], 1, region};
+    Request* request = nullptr;
+    require(in->irecv({&first, 1}, request) == Status::kOk, in->last_error());
+    require(finish(*in, request) == layout.sizes[0], "message 0 size");
+    channel.send_value(1);
+    require(channel.recv_value<int>() == 2, "sender out of step");  // its messages are posted
+    std::vector<Request*> receives;
+    for (std::size_t i = 1; i < n; i += batch) {
+      for (std::size_t k = i; k < std::min(n, i + batch); ++k) {
+        RecvBuffer target{buffer.data() + layout.at[k], layout.buffers[k], Tag(k + 1), region};
+        Request* r = nullptr;
+        require(in->irecv({&target, 1}, r) == Status::kOk, in->last_error());
+        receives.push_back(r);
+      }
+      std::this_thread::sleep_for(pause);  // posts late, and makes no progress meanwhile
+    }
+    for (std::size_t k = 1; k < n; ++k) {
+      const std::size_t size = finish(*in, receives[k - 1]);
+      require(size == layout.sizes[k], "message " + std::to_string(k) + ": " +
+                                           std::to_string(size) + " bytes, expected " +
+                                           std::to_string(layout.sizes[k]));
+      const std::string wrong = check_pattern({buffer.data() + layout.at[k], size}, seed_of(k));
+      require(wrong.empty(), "message " + std::to_string(k) + ": " + wrong);
+      // Nothing past the message: the buffer was zero.
+      for (std::size_t b = size; b < layout.buffers[k]; ++b)
+        require(buffer[layout.at[k] + b] == std::byte{0},
+                "written past message " + std::to_string(k));
+    }
+    channel.barrier();
+  };
+  auto sender = [&](Channel& channel) {
+    Context context(credits_config(credits));
+    auto out = connect_one(context, recv_handle(channel));
+    std::vector<std::byte> buffer(layout.total);
+    for (std::size_t k = 0; k < n; ++k)
+      fill_pattern({buffer.data() + layout.at[k], layout.sizes[k]}, seed_of(k));
+    MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
+    Request* request = nullptr;
+    require(out->isend(buffer.data(), layout.sizes[0], 1, region, request) == Status::kOk,
+            out->last_error());
+    finish(*out, request);
+    require(channel.recv_value<int>() == 1, "receiver out of step");
+    const std::uint64_t eager_before = out->stats().eager;
+    std::vector<Request*> sends;
+    for (std::size_t k = 1; k < n; ++k) {
+      Request* r = nullptr;
+      require(out->isend(buffer.data() + layout.at[k], layout.sizes[k], Tag(k + 1), region, r) ==
+                  Status::kOk,
+              out->last_error());
+      sends.push_back(r);
+    }
+    // No buffer is posted: what went ahead used credits, and nothing may complete.
+    std::vector<bool> done(sends.size());
+    require(test_all(*out, sends, done, 300ms) == 0,
+            "a send completed before its buffer was posted");
+    const std::uint64_t ahead = out->stats().eager - eager_before;
+    require(ahead >= 1 && ahead <= credits, std::to_string(ahead) + " messages went ahead on " +
+                                                std::to_string(credits) + " credits");
+    channel.send_value(2);
+    test_all(*out, sends, done, 60s);
+    require(std::all_of(done.begin(), done.end(), [](bool d) { return d; }), "sends pending");
+    const CommStats stats = out->stats();
+    require(stats.eager + stats.rendezvous == n, "every message went eagerly or by write");
+    // The credits came back with the buffers: more went eagerly than the first ones ahead.
+    require(stats.eager - eager_before > ahead, "no credit came back");
+    channel.barrier();
+  };
+  const std::string failure = run_pair(receiver, sender);
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+TEST_CASE("p2p eager credits run out and come back", "[credits]") {
+  // 40 eager messages on 4 credits: 4 go ahead, the rest wait for their buffers (and go on
+  // the credits given back with them, or by write); every byte checked.
+  std::vector<std::size_t> sizes;
+  for (std::size_t k = 0; k < 41; ++k) sizes.push_back((k * 997) % kEagerMax);
+  run_late_receiver(Layout(sizes, sizes), 4, 8, 50ms);
+}
+
+TEST_CASE("p2p a sender far ahead of a receiver that posts late", "[credits]") {
+  // 120 messages in flight, eager ones of every size up to the limit among rendezvous ones;
+  // the receiver posts them a few at a time, its buffers larger than the messages.
+  std::mt19937_64 rng(20261124);
+  std::vector<std::size_t> sizes{64}, buffers{64};
+  const std::size_t choices[] = {
+      0, 1, 64, 4095, 4096, kEagerMax - 1, kEagerMax, kEagerMax + 1, 65536, 300000};
+  for (std::size_t k = 1; k < 121; ++k) {
+    const std::size_t size = choices[rng() % std::size(choices)];
+    sizes.push_back(size);
+    buffers.push_back(size + (rng() % 3 == 0 ? rng() % 5000 : 0));
+  }
+  run_late_receiver(Layout(sizes, buffers), 16, 5, 20ms);
+}
+
+TEST_CASE("p2p mixed eager and rendezvous messages in random order, both sides posting freely",
+          "[credits]") {
+  std::mt19937_64 rng(424242);
+  std::vector<std::size_t> sizes, buffers;
+  const std::size_t choices[] = {0, 8, 256, 4096, 9000, kEagerMax, kEagerMax + 8, 100000, 1u << 20};
+  for (std::size_t k = 0; k < 400; ++k) {
+    const std::size_t size = choices[rng() % std::size(choices)];
+    sizes.push_back(size);
+    buffers.push_back(size + (rng() % 2 == 0 ? rng() % 4096 : 0));
+  }
+  const Layout layout(sizes, buffers);
+  constexpr std::size_t kWindow = 24;
+  auto receiver = [&](Channel& channel) {
+    Context context(credits_config(8));
+    Listener listener = context.listen();
+    send_handle(channel, listener.handle());
+    auto in = accept_one(listener);
+    std::vector<std::byte> buffer(layout.total);
+    MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
+    std::mt19937_64 pace(7);
+    for (std::size_t first = 0; first < sizes.size(); first += kWindow) {
+      const std::size_t last = std::min(sizes.size(), first + kWindow);
+      std::vector<Request*> receives;
+      for (std::size_t k = first; k < last; ++k) {
+        RecvBuffer target{buffer.data() + layout.at[k], buffers[k], Tag(k), region};
+        Request* r = nullptr;
+        require(in->irecv({&target, 1}, r) == Status::kOk, in->last_error());
+        receives.push_back(r);
+        if (pace() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(pace() % 300));
+      }
+      for (std::size_t k = first; k < last; ++k) {
+        const std::size_t size = finish(*in, receives[k - first]);
+        require(size == sizes[k], "message " + std::to_string(k) + " size");
+        const std::string wrong = check_pattern({buffer.data() + layout.at[k], size}, seed_of(k));
+        require(wrong.empty(), "message " + std::to_string(k) + ": " + wrong);
+      }
+    }
+    const CommStats stats = in->stats();
+    require(stats.eager > 0 && stats.rendezvous > 0, "both protocols ran");
+    channel.barrier();
+  };
+  auto sender = [&](Channel& channel) {
+    Context context(credits_config(8));
+    auto out = connect_one(context, recv_handle(channel));
+    std::vector<std::byte> buffer(layout.total);
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      fill_pattern({buffer.data() + layout.at[k], sizes[k]}, seed_of(k));
+    MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
+    std::mt19937_64 pace(11);
+    for (std::size_t first = 0; first < sizes.size(); first += kWindow) {
+      const std::size_t last = std::min(sizes.size(), first + kWindow);
+      std::vector<Request*> sends;
+      for (std::size_t k = first; k < last; ++k) {
+        Request* r = nullptr;
+        require(
+            out->isend(buffer.data() + layout.at[k], sizes[k], Tag(k), region, r) == Status::kOk,
+            out->last_error());
+        sends.push_back(r);
+        if (pace() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(pace() % 300));
+      }
+      for (Request* r : sends) finish(*out, r);
+    }
+    channel.barrier();
+  };
+  const std::string failure = run_pair(receiver, sender);
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+// Peer death with credits out. The receiver dies holding messages sent ahead: the sender's
+// requests end with a peer error within the bound. The sender dies after sending ahead: what
+// arrived whole is delivered (every byte checked), the rest fails within the bound.
+constexpr std::size_t kAhead = 6;
+constexpr std::size_t kSize = 3000;
+
+struct Outcome {
+  Status status = Status::kOk;
+  std::size_t size = 0;
+  std::chrono::steady_clock::time_point ended;
+};
+
+// Tests `requests` until every one ended (any status).
+std::vector<Outcome> outcomes(Communicator& comm, const std::vector<Request*>& requests) {
+  std::vector<Outcome> result(requests.size());
+  std::vector<bool> ended(requests.size());
+  poll_until([&] { return std::all_of(ended.begin(), ended.end(), [](bool e) { return e; }); },
+             [&] {
+               for (std::size_t i = 0; i < requests.size(); ++i) {
+                 if (ended[i]) continue;
+                 bool done = false;
+                 result[i].status = comm.test(requests[i], done, {&result[i].size, 1});
+                 if (done || result[i].status != Status::kOk) {
+                   ended[i] = true;
+                   result[i].ended = std::chrono::steady_clock::now();
+                 }
+               }
+             },
+             "every request to end", 30s);
+  return result;
+}
+
+void wait_for_death(Channel& channel) {
+  poll_until([&] { return channel.peer_closed(); }, [] { std::this_thread::sleep_for(1ms); },
+             "the peer's death", 30s);
+}
+
+TEST_CASE("p2p a receiver dies holding messages sent ahead", "[credits]") {
+  auto doomed = [&](Channel& channel) {
+    Context context(credits_config(8));
+    Listener listener = context.listen();
+    send_handle(channel, listener.handle());
+    auto in = accept_one(listener);
+    std::vector<std::byte> buffer(kSize);
+    MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
+    for (std::size_t k = 0; k < 2; ++k) {
+      RecvBuffer target{buffer.data(), kSize, Tag(k + 1), region};
+      Request* r = nullptr;
+      require(in->irecv({&target, 1}, r) == Status::kOk, in->last_error());
+      finish(*in, r);
+      if (k == 0) {
+        channel.send_value(1);
+        require(channel.recv_value<int>() == 2, "survivor out of step");
+      }
+    }
+    // Message 1 arrived and the rest went ahead with it: die holding them.
+    std::this_thread::sleep_for(50ms);
+    std::fflush(nullptr);
+    ::raise(SIGKILL);
+  };
+  auto survivor = [&](Channel& channel) {
+    Context context(credits_config(8));
+    auto out = connect_one(context, recv_handle(channel));
+    std::vector<std::byte> buffer(kSize);
+    MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
+    Request* r = nullptr;
+    require(out->isend(buffer.data(), kSize, 1, region, r) == Status::kOk, out->last_error());
+    finish(*out, r);
+    require(channel.recv_value<int>() == 1, "peer out of step");
+    const std::uint64_t before = out->stats().eager;
+    std::vector<Request*> sends;
+    for (std::size_t k = 1; k <= kAhead; ++k) {
+      fill_pattern(buffer, seed_of(k));
+      require(out->isend(buffer.data(), kSize, Tag(k + 1), region, r) == Status::kOk,
+              out->last_error());
+      sends.push_back(r);
+    }
+    require(out->stats().eager - before == kAhead, "every message went ahead on a credit");
+    channel.send_value(2);
+    wait_for_death(channel);
+    const auto death = std::chrono::steady_clock::now();
+    const std::vector<Outcome> ends = outcomes(*out, sends);
+    for (std::size_t k = 0; k < ends.size(); ++k) {
+      const auto took = ends[k].ended - death;
+      // Message 1 was received: its verdict may have come back before the death.
+      if (k == 0 && ends[k].status == Status::kOk) continue;
+      require(ends[k].status == Status::kPeerError, "send " + std::to_string(k + 1) + " ended " +
+                                                        std::string(to_string(ends[k].status)) +
+                                                        ": " + out->last_error());
+      require(
+          took < kBound,
+          "send " + std::to_string(k + 1) + " ended " +
+              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()) +
+              " ms after the death");
+    }
+    out->close();
+  };
+  const std::string failure = run_pair(survivor, doomed);
+  INFO(failure);
+  REQUIRE(failure == "child killed by signal 9");
+}
+
+TEST_CASE("p2p a sender dies after sending ahead", "[credits]") {
+  auto doomed = [&](Channel& channel) {
+    Context context(credits_config(8));
+    auto out = connect_one(context, recv_handle(channel));
+    std::vector<std::byte> buffer(kSize * (kAhead + 1));
+    MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
+    Request* r = nullptr;
+    require(out->isend(buffer.data(), kSize, 1, region, r) == Status::kOk, out->last_error());
+    finish(*out, r);
+    require(channel.recv_value<int>() == 1, "survivor out of step");
+    const std::uint64_t before = out->stats().eager;
+    std::vector<Request*> sends;
+    for (std::size_t k = 1; k <= kAhead; ++k) {
+      std::span<std::byte> message{buffer.data() + k * kSize, kSize};
+      fill_pattern(message, seed_of(k));
+      require(out->isend(message.data(), kSize, Tag(k + 1), region, r) == Status::kOk,
+              out->last_error());
+      sends.push_back(r);
+    }
+    require(out->stats().eager - before == kAhead, "every message went ahead on a credit");
+    // Progress hands them to the wire where the provider needs it (tcp); none can complete.
+    std::vector<bool> done(sends.size());
+    require(test_all(*out, sends, done, 100ms) == 0, "a send ahead completed unannounced");
+    std::fflush(nullptr);
+    ::raise(SIGKILL);
+  };
+  auto survivor = [&](Channel& channel) {
+    Context context(credits_config(8));
+    Listener listener = context.listen();
+    send_handle(channel, listener.handle());
+    auto in = accept_one(listener);
+    std::vector<std::byte> buffer(kSize * (kAhead + 3));
+    MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
+    RecvBuffer first{buffer.data(), kSize, 1, region};
+    Request* r = nullptr;
+    require(in->irecv({&first, 1}, r) == Status::kOk, in->last_error());
+    finish(*in, r);
+    channel.send_value(1);
+    wait_for_death(channel);
+    const auto death = std::chrono::steady_clock::now();
+    // Its messages, and two it never sent.
+    std::vector<Request*> receives;
+    for (std::size_t k = 1; k <= kAhead + 2; ++k) {
+      RecvBuffer target{buffer.data() + k * kSize, kSize, Tag(k + 1), region};
+      const Status posted = in->irecv({&target, 1}, r);
+      if (posted == Status::kPeerError) break;  // the death is known already
+      require(posted == Status::kOk, in->last_error());
+      receives.push_back(r);
+    }
+    const std::vector<Outcome> ends = outcomes(*in, receives);
+    std::size_t delivered = 0;
+    for (std::size_t i = 0; i < ends.size(); ++i) {
+      const std::size_t k = i + 1;
+      const auto took =
+          std::chrono::duration_cast<std::chrono::milliseconds>(ends[i].ended - death);
+      require(took < kBound, "receive " + std::to_string(k) + " ended " +
+                                 std::to_string(took.count()) + " ms after the death");
+      if (ends[i].status == Status::kOk && k <= kAhead) {
+        require(ends[i].size == kSize, "receive " + std::to_string(k) + " size");
+        const std::string wrong = check_pattern({buffer.data() + k * kSize, kSize}, seed_of(k));
+        require(wrong.empty(), "receive " + std::to_string(k) + ": " + wrong);
+        ++delivered;
+        continue;
+      }
+      require(ends[i].status == Status::kPeerError,
+              "receive " + std::to_string(k) + " ended " + std::string(to_string(ends[i].status)));
+    }
+    std::fprintf(stderr, "sender died after sending %zu ahead: %zu delivered, %zu failed\n", kAhead,
+                 delivered, ends.size() - delivered);
+    in->close();
+  };
+  const std::string failure = run_pair(survivor, doomed);
+  INFO(failure);
+  REQUIRE(failure == "child killed by signal 9");
+}
+
+}  // namespace
+}  // namespace loom::test
