@@ -274,6 +274,27 @@ std::vector<Outcome> outcomes(Communicator& comm, const std::vector<Request*>& r
   return result;
 }
 
+// Message 0 (waited for), the peer's go, then messages 1..kAhead, each in its own slot of
+// `buffer` with its own pattern: all of them must go ahead on credits.
+std::vector<Request*> send_ahead(SendComm& out, Channel& channel, std::vector<std::byte>& buffer,
+                                 const MemoryRegion& region) {
+  Request* r = nullptr;
+  require(out.isend(buffer.data(), kSize, 1, region, r) == Status::kOk, out.last_error());
+  finish(out, r);
+  require(channel.recv_value<int>() == 1, "peer out of step");
+  const std::uint64_t before = out.stats().eager;
+  std::vector<Request*> sends;
+  for (std::size_t k = 1; k <= kAhead; ++k) {
+    std::span<std::byte> message{buffer.data() + k * kSize, kSize};
+    fill_pattern(message, seed_of(k));
+    require(out.isend(message.data(), kSize, Tag(k + 1), region, r) == Status::kOk,
+            out.last_error());
+    sends.push_back(r);
+  }
+  require(out.stats().eager - before == kAhead, "every message went ahead on a credit");
+  return sends;
+}
+
 void wait_for_death(Channel& channel) {
   poll_until([&] { return channel.peer_closed(); }, [] { std::this_thread::sleep_for(1ms); },
              "the peer's death", 30s);
@@ -305,21 +326,9 @@ TEST_CASE("p2p a receiver dies holding messages sent ahead", "[credits]") {
   auto survivor = [&](Channel& channel) {
     Context context(credits_config(8));
     auto out = connect_one(context, recv_handle(channel));
-    std::vector<std::byte> buffer(kSize);
+    std::vector<std::byte> buffer(kSize * (kAhead + 1));
     MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-    Request* r = nullptr;
-    require(out->isend(buffer.data(), kSize, 1, region, r) == Status::kOk, out->last_error());
-    finish(*out, r);
-    require(channel.recv_value<int>() == 1, "peer out of step");
-    const std::uint64_t before = out->stats().eager;
-    std::vector<Request*> sends;
-    for (std::size_t k = 1; k <= kAhead; ++k) {
-      fill_pattern(buffer, seed_of(k));
-      require(out->isend(buffer.data(), kSize, Tag(k + 1), region, r) == Status::kOk,
-              out->last_error());
-      sends.push_back(r);
-    }
-    require(out->stats().eager - before == kAhead, "every message went ahead on a credit");
+    const std::vector<Request*> sends = send_ahead(*out, channel, buffer, region);
     channel.send_value(2);
     wait_for_death(channel);
     const auto death = std::chrono::steady_clock::now();
@@ -350,20 +359,7 @@ TEST_CASE("p2p a sender dies after sending ahead", "[credits]") {
     auto out = connect_one(context, recv_handle(channel));
     std::vector<std::byte> buffer(kSize * (kAhead + 1));
     MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-    Request* r = nullptr;
-    require(out->isend(buffer.data(), kSize, 1, region, r) == Status::kOk, out->last_error());
-    finish(*out, r);
-    require(channel.recv_value<int>() == 1, "survivor out of step");
-    const std::uint64_t before = out->stats().eager;
-    std::vector<Request*> sends;
-    for (std::size_t k = 1; k <= kAhead; ++k) {
-      std::span<std::byte> message{buffer.data() + k * kSize, kSize};
-      fill_pattern(message, seed_of(k));
-      require(out->isend(message.data(), kSize, Tag(k + 1), region, r) == Status::kOk,
-              out->last_error());
-      sends.push_back(r);
-    }
-    require(out->stats().eager - before == kAhead, "every message went ahead on a credit");
+    const std::vector<Request*> sends = send_ahead(*out, channel, buffer, region);
     // Progress hands them to the wire where the provider needs it (tcp); none can complete.
     std::vector<bool> done(sends.size());
     require(test_all(*out, sends, done, 100ms) == 0, "a send ahead completed unannounced");
