@@ -62,13 +62,14 @@ Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::ui
 // A retired communicator is destroyed by its lane, under the lane lock, once drained: the
 // registrations its operations used go back to the cache only then.
 Comm::~Comm() {
+  // Comm's own: a derived communicator released its registrations in its destructor.
   if (closed_) {
-    release_registrations();
+    Comm::release_registrations();
     release_peer_addresses();
     return;
   }
   std::lock_guard lock(lane_->mutex());
-  release_registrations();
+  Comm::release_registrations();
   release_peer_addresses();
   lane_->detach(id_);
 }

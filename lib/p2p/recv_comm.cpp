@@ -15,11 +15,11 @@ RecvCommImpl::RecvCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t pee
 // ours). Closed and drained: close() gave it back already; retired: the lane holds its lock.
 RecvCommImpl::~RecvCommImpl() {
   if (closed_) {
-    release_registrations();
+    RecvCommImpl::release_registrations();
     return;
   }
   std::lock_guard lock(lane_->mutex());
-  release_registrations();
+  RecvCommImpl::release_registrations();
 }
 
 bool RecvCommImpl::drained() const noexcept {
