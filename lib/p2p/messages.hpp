@@ -24,7 +24,7 @@ enum class MessageType : std::uint8_t {
   kAccept = 2,
   kReject = 3,
   // lane control rails
-  kClearToSend = 16,   // receiver -> sender: buffers posted for these sequence numbers
+  kClearToSend = 16,   // receiver -> sender: buffers posted for these sequence numbers; credits
   kReadyToSend = 17,   // sender -> receiver: size and tag where the writes cannot tell them
   kClose = 18,         // either way: the peer closed this communicator (a CloseNotice)
   kPing = 19,          // either way, while requests wait on the peer: are you there?
