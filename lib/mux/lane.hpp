@@ -73,8 +73,8 @@ struct LaneStats {
 
 class Lane final : ofi::RemoteWriteHandler, ControlSink {
  public:
-  // Posted receives a communicator may always hold, whatever its fair share (see
-  // may_post_receive): the parts of one grouped receive.
+  // Posted receives (a receiver's eager buffers) a communicator may always hold, whatever its
+  // fair share (see may_post_receive).
   static constexpr std::size_t kMinReceiveShare = 8;
 
   // Opens the rails where `placement` puts them; depths and cache size from `shape`.

@@ -83,7 +83,7 @@ void RecvCommImpl::announce(Request& r) {
 }
 
 void RecvCommImpl::send_control_batch() {
-  if (eager_idle_ != 0) post_eager_buffers();  // what the lane's share refused before
+  post_eager_buffers();  // what the lane's share refused before (nothing to do, mostly)
   if (batch_.count == 0 && credits_to_grant_ == 0) return;
   if (closed_ || peer_gone()) {
     for (const PartRef& ref : batched_) {

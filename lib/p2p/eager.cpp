@@ -10,7 +10,6 @@
 // eager buffer (a credit) or, without credits, by RDMA write once its buffer is announced.
 // Memory per receiving communicator: LOOM_EAGER_CREDITS x LOOM_EAGER_MAX (16 x 16 KiB), one
 // registration. Eager buffers live on data rail 0: small messages gain nothing from striping.
-#include <cstdlib>
 #include <cstring>
 
 #include "ofi/memory_registration.hpp"
@@ -34,7 +33,6 @@ bool SendCommImpl::eager_fits(const Part& part) const noexcept {
 void SendCommImpl::post_eager(Request& r) {
   Part& part = r.parts[0];
   const bool ahead = part.send == SendState::kAwaitingClearance;
-  if (ahead && credits_ == 0) return;
   ofi::Rail& data_rail = lane_->rails().data(0);
   const std::uint64_t wire_tag = mux::encode_tag({mux::TagKind::kEager, peer_id_, part.seq});
   // An inject leaves no completion to generate and read: on shm that is a CQ write less under
@@ -100,10 +98,6 @@ void SendCommImpl::settle_sent_ahead(Request& r, const Clearance& clearance) {
 
 // ---- receiver ----
 
-namespace {
-constexpr std::size_t kPage = 4096;
-}  // namespace
-
 void RecvCommImpl::EagerBuffer::on_completion(ofi::OpContext&, const ofi::Completion& completion) {
   owner->on_eager_buffer(*this, completion);
 }
@@ -114,19 +108,16 @@ void RecvCommImpl::on_peer_connected() {
   const std::size_t count = settings_.eager_credits;
   if (count == 0 || eager_max_ == 0 || data_rails_ == 0) return;
   eager_size_ = eager_max_;
-  const std::size_t stride = (eager_size_ + kPage - 1) / kPage * kPage;
-  eager_memory_ = std::unique_ptr<std::byte, AlignedFree>(
-      static_cast<std::byte*>(std::aligned_alloc(kPage, stride * count)));
-  if (!eager_memory_) throw Error("irecv eager buffers", settings_.provider, 0, "out of memory");
-  eager_registration_ =
-      &lane_->rails().mr_cache().acquire(eager_memory_.get(), stride * count, MemoryType::kHost, 0);
+  // Not initialized: a page is touched only by the messages that reach it.
+  eager_memory_ = std::make_unique_for_overwrite<std::byte[]>(eager_size_ * count);
+  eager_registration_ = &lane_->rails().mr_cache().acquire(eager_memory_.get(), eager_size_ * count,
+                                                           MemoryType::kHost, 0);
   eager_buffers_ = std::make_unique<EagerBuffer[]>(count);
   eager_count_ = count;
-  eager_idle_ = count;
   for (std::size_t i = 0; i < count; ++i) {
     EagerBuffer& buffer = eager_buffers_[i];
     buffer.owner = this;
-    buffer.data = eager_memory_.get() + i * stride;
+    buffer.data = eager_memory_.get() + i * eager_size_;
     buffer.op.handler = &buffer;
   }
   post_eager_buffers();
@@ -143,31 +134,35 @@ void RecvCommImpl::abandon_registrations() noexcept {
   Comm::abandon_registrations();
 }
 
-// Posts every idle eager buffer the lane's receive share allows; each posted one is a credit
-// for the next batch.
+// Each eager buffer posted is a credit for the next batch.
 void RecvCommImpl::post_eager_buffers() {
-  if (closed_ || peer_gone()) return;
-  for (std::size_t i = 0; i < eager_count_ && eager_idle_ != 0; ++i) {
+  for (std::size_t i = 0; i < eager_count_ && eager_posted_ + eager_held_ != eager_count_; ++i) {
     EagerBuffer& buffer = eager_buffers_[i];
-    if (buffer.state != EagerBuffer::State::kIdle) continue;
-    if (!lane_->may_post_receive(0, receives_held_)) return;  // tried again with the next batch
-    const Status status = lane_->rails().data(0).tagged_recv(
-        buffer.data, eager_size_, eager_registration_->desc(0),
-        mux::encode_tag({mux::TagKind::kEager, id_, 0}), mux::kTagSeqMask, &buffer.op);
-    if (status == Status::kRetry) return;
-    if (status != Status::kOk) {
-      util::log().warn("comm {} on lane {}: eager buffer not posted: {}", id_, lane_->id(),
-                       lane_->rails().data(0).last_error());
-      return;  // the sender waits for announcements instead
-    }
-    buffer.state = EagerBuffer::State::kPosted;
-    --eager_idle_;
-    ++eager_posted_;
-    ++receives_held_;
-    lane_->receive_posted(0);
-    ++credits_to_grant_;
-    defer();
+    if (buffer.state == EagerBuffer::State::kIdle && !post_eager_buffer(buffer)) return;
   }
+}
+
+// False when the buffer stays idle: closing, the lane's share (tried again with the next
+// batch), back-pressure, or an error (the sender then waits for announcements instead).
+bool RecvCommImpl::post_eager_buffer(EagerBuffer& buffer) {
+  if (closed_ || peer_gone() || !lane_->may_post_receive(0, eager_posted_)) return false;
+  ofi::Rail& rail = lane_->rails().data(0);
+  const Status status = rail.tagged_recv(buffer.data, eager_size_, eager_registration_->desc(0),
+                                         mux::encode_tag({mux::TagKind::kEager, id_, 0}),
+                                         mux::kTagSeqMask, &buffer.op);
+  if (status != Status::kOk) {
+    if (status != Status::kRetry) {
+      util::log().warn("comm {} on lane {}: eager buffer not posted: {}", id_, lane_->id(),
+                       rail.last_error());
+    }
+    return false;
+  }
+  buffer.state = EagerBuffer::State::kPosted;
+  ++eager_posted_;
+  lane_->receive_posted(0);
+  ++credits_to_grant_;
+  defer();
+  return true;
 }
 
 void RecvCommImpl::cancel_standing() {
@@ -187,10 +182,8 @@ std::uint32_t RecvCommImpl::full_seq(std::uint32_t low) const noexcept {
 
 void RecvCommImpl::on_eager_buffer(EagerBuffer& buffer, const ofi::Completion& completion) {
   --eager_posted_;
-  --receives_held_;
   lane_->receive_finished(0);
   buffer.state = EagerBuffer::State::kIdle;
-  ++eager_idle_;
   // Closing, a message that came still finishes its buffer (close() progresses once first).
   if (completion.status == Status::kCancelled) return;
   if (completion.status != Status::kOk) {
@@ -203,7 +196,6 @@ void RecvCommImpl::on_eager_buffer(EagerBuffer& buffer, const ofi::Completion& c
     return;
   }
   buffer.state = EagerBuffer::State::kHeld;
-  --eager_idle_;
   ++eager_held_;
   buffer.seq = full_seq(mux::decode_tag(completion.tag).seq);
   buffer.length = completion.length;
@@ -285,8 +277,7 @@ void RecvCommImpl::deliver(Request& r, Part& part, EagerBuffer& buffer) {
 void RecvCommImpl::give_back(EagerBuffer& buffer) {
   buffer.state = EagerBuffer::State::kIdle;
   --eager_held_;
-  ++eager_idle_;
-  post_eager_buffers();
+  post_eager_buffer(buffer);
 }
 
 }  // namespace loom::p2p

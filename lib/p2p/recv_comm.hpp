@@ -4,7 +4,6 @@
 // and the dispatch of events to those.
 #pragma once
 
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -50,9 +49,6 @@ class RecvCommImpl final : public Comm {
     ofi::OpContext op;
     void on_completion(ofi::OpContext& op, const ofi::Completion& completion) override;
   };
-  struct AlignedFree {
-    void operator()(std::byte* p) const noexcept { std::free(p); }
-  };
 
   void advance(Request& request) override;
   // A part leaves for kFailed (kArrived: for the outcome it has).
@@ -70,7 +66,8 @@ class RecvCommImpl final : public Comm {
   void announce(Request& request);
   void send_control_batch() override;  // the clear-to-sends and the credits granted
   // eager.cpp
-  void post_eager_buffers();
+  void post_eager_buffers();                    // every idle one the lane's share allows
+  bool post_eager_buffer(EagerBuffer& buffer);  // false: it stays idle
   void on_eager_buffer(EagerBuffer& buffer, const ofi::Completion& completion);
   void deliver_held(Request& request, Part& part);
   void deliver(Request& request, Part& part, EagerBuffer& buffer);
@@ -94,15 +91,14 @@ class RecvCommImpl final : public Comm {
   ClearToSend batch_;             // entries not sent yet
   std::vector<PartRef> batched_;  // the buffers they describe
   std::size_t batch_limit_ = 0;
-  std::size_t receives_held_ = 0;  // eager buffers posted (the lane limits each comm's share)
-  // Eager buffers: LOOM_EAGER_CREDITS of eager_size_ bytes in one registration.
+  // Eager buffers: LOOM_EAGER_CREDITS of eager_size_ bytes in one registration. Those not
+  // posted or held are idle.
   std::size_t eager_size_ = 0;
   std::size_t eager_count_ = 0;
-  std::size_t eager_idle_ = 0;
-  std::size_t eager_posted_ = 0;
+  std::size_t eager_posted_ = 0;  // the receives this comm holds (the lane limits its share)
   std::size_t eager_held_ = 0;
   std::size_t credits_to_grant_ = 0;  // posted since the last batch
-  std::unique_ptr<std::byte, AlignedFree> eager_memory_;
+  std::unique_ptr<std::byte[]> eager_memory_;
   ofi::MemoryRegistration* eager_registration_ = nullptr;
   std::unique_ptr<EagerBuffer[]> eager_buffers_;
   // Closing with announced buffers unfinished: the writes the sender says it posted towards
