@@ -138,7 +138,8 @@ class SendComm final : public Communicator {
  public:
   SendComm(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
   // kOk: `request` is set. kRetry: too many requests in flight, test some and try again.
-  // kInvalid: bad region/buffer or closed communicator (last_error() says which).
+  // kInvalid: bad region/buffer, a message larger than the NICs take
+  // (NicDescription::max_message_size), or a closed communicator (last_error() says which).
   Status isend(const void* data, std::size_t size, Tag tag, MemoryRegion region, Request*& request);
 };
 
@@ -205,6 +206,11 @@ struct NicDescription {
   // when it cannot.
   bool device_memory = false;
   std::string device_memory_note;
+  // The port's data rate where the provider reports it (efa, verbs, cxi); 0 where it does not.
+  std::uint64_t link_speed_mbps = 0;
+  // The largest message isend takes through this NIC alone: a rendezvous message is striped
+  // over up to 8 writes, none longer than the provider's max_msg_size.
+  std::size_t max_message_size = 0;
 };
 
 struct RailDescription {

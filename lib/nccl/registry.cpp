@@ -12,8 +12,9 @@ namespace {
 
 constexpr int kDefaultSpeedMbps = 10000;  // what NCCL assumes when a NIC does not say
 constexpr int kMaxComms = 65535;          // a lane numbers its communicators in 16 bits
-// NCCL never sends more than 1 GiB in one request (MAX_NET_SIZE); loom stripes a rendezvous
-// message over writes no larger than the provider's maximum, so this is the bound.
+// NCCL never sends more than 1 GiB in one request (MAX_NET_SIZE). loom stripes a rendezvous
+// message over up to 8 writes no longer than the provider's max_msg_size, which bounds it below
+// that only on providers with a small one (NicDescription::max_message_size).
 constexpr std::size_t kMaxBytes = std::size_t{1} << 30;
 
 // The NIC's interface or device name: the domain for tcp/verbs/efa/cxi ("eth0", "mlx5_0").
@@ -29,7 +30,12 @@ std::string sysfs_device(const std::string& domain) {
   return {};
 }
 
-int read_speed(const std::string& domain) {
+// The provider's link rate where it reports one (efa, verbs, cxi), else the kernel's for the
+// interface or IB port, else NCCL's assumption.
+int read_speed(const NicDescription& nic) {
+  constexpr std::uint64_t kMaxMbps = 100'000'000;  // 100 Tb/s: a fused device's sum stays an int
+  if (nic.link_speed_mbps != 0) return static_cast<int>(std::min(nic.link_speed_mbps, kMaxMbps));
+  const std::string& domain = nic.name;
   std::ifstream net("/sys/class/net/" + domain + "/speed");
   int mbps = 0;
   if (net >> mbps && mbps > 0) return mbps;
@@ -114,7 +120,8 @@ void Registry::open_locked() {
                   .name = nics[i].name,
                   .pci_path = sysfs_device(nics[i].name),
                   .guid = fnv1a(nics[i].provider + "/" + nics[i].fabric + "/" + nics[i].name),
-                  .speed_mbps = read_speed(nics[i].name)};
+                  .speed_mbps = read_speed(nics[i]),
+                  .max_bytes = std::min(kMaxBytes, nics[i].max_message_size)};
     devices_.push_back(std::move(device));
   }
   std::string names;
@@ -168,8 +175,7 @@ Properties Registry::properties(int dev) {
   check_device(dev);
   return Properties{.device = &devices_[static_cast<std::size_t>(dev)],
                     .max_comms = kMaxComms,
-                    .max_recvs = static_cast<int>(kMaxRecvBuffers),
-                    .max_bytes = kMaxBytes};
+                    .max_recvs = static_cast<int>(kMaxRecvBuffers)};
 }
 
 int Registry::make_vdevice(const abi::VDeviceProps& props) {
@@ -179,7 +185,7 @@ int Registry::make_vdevice(const abi::VDeviceProps& props) {
     throw std::invalid_argument("a virtual device fuses 1 to " +
                                 std::to_string(abi::kMaxDevsPerNic) + " devices, not " +
                                 std::to_string(props.ndevs));
-  Device fused;
+  Device fused{.max_bytes = kMaxBytes};
   for (int i = 0; i < props.ndevs; ++i) {
     check_device(props.devs[i]);
     const Device& part = devices_[static_cast<std::size_t>(props.devs[i])];
@@ -190,6 +196,7 @@ int Registry::make_vdevice(const abi::VDeviceProps& props) {
     }
     fused.name += (i == 0 ? "" : "+") + part.name;
     fused.speed_mbps += part.speed_mbps;
+    fused.max_bytes = std::min(fused.max_bytes, part.max_bytes);  // every rail takes its writes
     if (fused.pci_path.empty()) fused.pci_path = part.pci_path;
   }
   fused.guid = fnv1a("vdevice/" + fused.name);

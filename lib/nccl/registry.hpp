@@ -29,6 +29,7 @@ struct Device {
   std::string pci_path;   // sysfs path of the PCI device; empty where there is none (lo, shm)
   std::uint64_t guid = 0;
   int speed_mbps = 0;
+  std::size_t max_bytes = 0;  // the largest request: NCCL's 1 GiB, or less where a NIC says so
 };
 
 // What getProperties reports, before it is written into a versioned struct.
@@ -36,7 +37,6 @@ struct Properties {
   const Device* device = nullptr;
   int max_comms = 0;
   int max_recvs = 0;
-  std::size_t max_bytes = 0;
 };
 
 class Registry {

@@ -109,8 +109,8 @@ abi::Result properties(int dev, Props* props) {
       props->vProps.ndevs = static_cast<int>(p.device->nics.size());
       for (std::size_t i = 0; i < p.device->nics.size() && i < abi::kMaxDevsPerNic; ++i)
         props->vProps.devs[i] = p.device->nics[i];
-      props->maxP2pBytes = p.max_bytes;
-      props->maxCollBytes = p.max_bytes;
+      props->maxP2pBytes = p.device->max_bytes;
+      props->maxCollBytes = p.device->max_bytes;
     }
     if constexpr (std::is_same_v<Props, abi::PropertiesV11>) props->maxMultiRequestSize = 1;
     return abi::kSuccess;

@@ -48,6 +48,12 @@ std::size_t usable_tag_bits(std::uint64_t mem_tag_format) {
   return 64 - static_cast<std::size_t>(std::countl_zero(mem_tag_format));
 }
 
+// efa, verbs and cxi describe their port in fi_info's nic; tcp and shm leave it out.
+std::uint64_t link_speed(const fi_info& info) noexcept {
+  if (info.nic == nullptr || info.nic->link_attr == nullptr) return 0;
+  return static_cast<std::uint64_t>(info.nic->link_attr->speed);
+}
+
 NicAttributes describe(const fi_info& info, NicOptions options) {
   const auto mr_mode = static_cast<unsigned>(info.domain_attr->mr_mode);
   const bool device_memory = (info.caps & FI_HMEM) != 0;
@@ -67,6 +73,7 @@ NicAttributes describe(const fi_info& info, NicOptions options) {
       .tag_bits = usable_tag_bits(info.ep_attr->mem_tag_format),
       .inject_size = info.tx_attr->inject_size,
       .max_msg_size = info.ep_attr->max_msg_size,
+      .link_speed_bps = link_speed(info),
       .max_tx_depth = info.tx_attr->size,
       .max_rx_depth = info.rx_attr->size,
       .max_endpoints = info.domain_attr->ep_cnt,

@@ -28,6 +28,17 @@ class Comm;
 // Most stripes one rendezvous message is split into (one write each).
 inline constexpr std::size_t kMaxSendStripes = kMaxParts;
 static_assert(kMaxSendStripes <= mux::kMaxStripes, "writes count their stripes in the CQ data");
+
+// The largest size up to which isend takes every message when no write may be longer than
+// the provider's `max_msg_size` (0: unbounded). A message goes in at most kMaxSendStripes
+// stripes of size / stripes bytes, the last also taking the remainder (up to stripes - 1).
+constexpr std::size_t max_message_size(std::size_t max_msg_size) noexcept {
+  if (max_msg_size == 0) return SIZE_MAX;
+  if (max_msg_size < kMaxSendStripes) return max_msg_size;
+  const std::size_t per_stripe = max_msg_size - (kMaxSendStripes - 1);
+  return per_stripe > SIZE_MAX / kMaxSendStripes ? SIZE_MAX : per_stripe * kMaxSendStripes;
+}
+static_assert(max_message_size(65536) == 8 * (65536 - 7) && max_message_size(SIZE_MAX) == SIZE_MAX);
 inline constexpr std::size_t kMaxOps = kMaxParts;
 
 enum class RequestKind : std::uint8_t { kSend, kRecv, kFlush };
