@@ -25,8 +25,9 @@ namespace {
 
 // A rank that ends without closing its endpoints (killed, or failed and left through _exit)
 // leaves the shm provider's regions in /dev/shm ("<pid>:..."): 16 MB each, and a later
-// process that gets the same pid fails to open its endpoints (fi_enable: EBUSY). The tests'
-// run_pair does the same for its children; bench includes nothing of test/.
+// process that gets the same pid fails to open its endpoints (fi_enable: EBUSY). loom's own
+// loom::remove_process_leftovers does this, but ncclnet_check links nothing of loom: it drives
+// any plugin, and cleans up after its ranks whatever the plugin.
 void remove_shm_regions(pid_t pid) {
   const std::string prefix = std::to_string(pid) + ":";
   DIR* dir = ::opendir("/dev/shm");

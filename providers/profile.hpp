@@ -45,6 +45,9 @@ struct Profile {
   std::span<const PeerGoneError> peer_gone_errors = {};
   // Non-empty: why loom never injects on this provider (its inject_size is taken as 0).
   std::string_view no_inject = {};
+  // Removes what a process of this provider that ended without closing its endpoints (killed)
+  // left on the host for later processes to trip over; how many objects it removed.
+  std::size_t (*remove_leftovers)(int pid) = nullptr;
 };
 
 // The profile for a provider name as fi_info reports it ("verbs;ofi_rxm" -> verbs). Unknown
@@ -52,6 +55,10 @@ struct Profile {
 [[nodiscard]] const Profile& profile_for(std::string_view prov_name) noexcept;
 
 [[nodiscard]] std::span<const Profile* const> all_profiles() noexcept;
+
+// Every family's remove_leftovers for `pid`, once no process `pid` exists: a running process's
+// (an unreaped child's too) are never touched. How many objects were removed.
+std::size_t remove_leftovers_of(int pid) noexcept;
 
 // The recommended settings of the provider families that `requested` names (LOOM_PROVIDER,
 // else FI_PROVIDER; "verbs;ofi_rxm", "efa,shm", ...), or of every family when it names none:

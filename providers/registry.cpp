@@ -1,5 +1,8 @@
 #include <algorithm>
+#include <cerrno>
 #include <iterator>
+
+#include <signal.h>
 
 #include "providers/profile.hpp"
 
@@ -32,6 +35,14 @@ const Profile& profile_for(std::string_view prov_name) noexcept {
 
 std::span<const Profile* const> all_profiles() noexcept {
   return kProfiles;
+}
+
+std::size_t remove_leftovers_of(int pid) noexcept {
+  if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) return 0;
+  std::size_t removed = 0;
+  for (const Profile* profile : kProfiles)
+    if (profile->remove_leftovers != nullptr) removed += profile->remove_leftovers(pid);
+  return removed;
 }
 
 std::vector<ProviderSetting> settings_for(std::string_view requested) {

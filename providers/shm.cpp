@@ -1,5 +1,10 @@
 // shm: processes on one host only, one domain named "shm", string addresses, FI_MR_VIRT_ADDR.
+#include <string>
+#include <string_view>
+
+#include <dirent.h>
 #include <rdma/fi_errno.h>
+#include <unistd.h>
 
 #include "providers/profile.hpp"
 
@@ -14,6 +19,22 @@ constexpr PeerGoneError kShmPeerGone[] = {
     {FI_EIO, "a copy from or to the peer's memory failed: the peer process exited"},
 };
 
+// 1.17's shm maps a region per endpoint as /dev/shm/<pid>:<name>, 16 MB each, and unlinks it
+// at close. A killed process leaves them, and a later process given the same pid fails to
+// enable its endpoints (fi_enable: EBUSY).
+std::size_t remove_regions(int pid) {
+  const std::string prefix = std::to_string(pid) + ":";
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  std::size_t removed = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (!std::string_view(entry->d_name).starts_with(prefix)) continue;
+    if (::unlink((std::string("/dev/shm/") + entry->d_name).c_str()) == 0) ++removed;
+  }
+  ::closedir(dir);
+  return removed;
+}
+
 }  // namespace
 
 const Profile kShmProfile{
@@ -21,6 +42,7 @@ const Profile kShmProfile{
     .summary = "shm: single host only; one domain, no NIC",
     .settings = {},
     .peer_gone_errors = kShmPeerGone,
+    .remove_leftovers = remove_regions,
 };
 
 }  // namespace loom::providers

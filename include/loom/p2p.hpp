@@ -251,6 +251,13 @@ struct ContextStats {
 [[nodiscard]] std::vector<ProviderSetting> recommended_provider_settings(
     const Config& config = Config::from_env());
 
+// For a launcher or supervisor whose loom process was killed with its endpoints open: removes
+// what that process left on this host for later ones to trip over (the shm provider's regions
+// in /dev/shm, 16 MB each, which make a later process given the same pid fail to open its
+// endpoints). Does nothing while process `pid` exists, an unreaped child included: call it
+// after waitpid. Returns how many objects it removed.
+std::size_t remove_process_leftovers(int pid) noexcept;
+
 class Context {
  public:
   // Opens the NICs the configuration selects. Throws loom::Error (listing the providers that

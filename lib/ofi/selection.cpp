@@ -190,6 +190,10 @@ InfoPtr single_entry(const fi_info& entry) {
 
 }  // namespace
 
+std::size_t remove_process_leftovers(int pid) noexcept {
+  return providers::remove_leftovers_of(pid);
+}
+
 std::vector<ProviderSetting> recommended_settings(const Config& config) {
   const std::string requested =
       !config.provider.empty() ? config.provider : util::environment("FI_PROVIDER").value_or("");

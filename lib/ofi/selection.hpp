@@ -27,6 +27,10 @@ namespace loom::ofi {
 // call: loom only logs those the environment lacks, once per process, at open_nics.
 [[nodiscard]] std::vector<ProviderSetting> recommended_settings(const Config& config);
 
+// What a process killed with its endpoints open left on this host, removed once it is gone
+// (providers::remove_leftovers_of).
+std::size_t remove_process_leftovers(int pid) noexcept;
+
 // ---- the pieces of the selection, for tests.
 
 // The API version loom asks fi_getinfo for: 1.20 where both the headers loom was compiled with

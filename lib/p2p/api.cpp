@@ -130,6 +130,10 @@ std::vector<ProviderSetting> recommended_provider_settings(const Config& config)
   return ofi::recommended_settings(config);
 }
 
+std::size_t remove_process_leftovers(int pid) noexcept {
+  return ofi::remove_process_leftovers(pid);
+}
+
 Context::Context(const Config& config) : core_(std::make_shared<p2p::ContextCore>(config)) {}
 Context::~Context() = default;
 

@@ -1,13 +1,18 @@
-// Provider profiles: which settings loom recommends for which families, and that loom leaves
-// the environment alone.
+// Provider profiles: which settings loom recommends for which families, that loom leaves the
+// environment alone, and what a killed process leaves behind.
 #include "providers/profile.hpp"
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "ofi/selection.hpp"
 #include "util/env.hpp"
@@ -24,6 +29,13 @@ std::map<std::string, std::string> defaults_for(std::string_view requested) {
 
 std::string env(const char* name) {
   return loom::util::environment(name).value_or("<unset>");
+}
+
+// A file named as shm's regions are, for `pid`.
+std::filesystem::path fake_region(pid_t pid, const char* name) {
+  std::filesystem::path path = "/dev/shm/" + std::to_string(pid) + ":" + name;
+  std::ofstream(path) << "region";
+  return path;
 }
 
 }  // namespace
@@ -91,4 +103,37 @@ TEST_CASE("provider settings: opening NICs leaves the environment untouched", "[
   CHECK_FALSE(nics.empty());
   CHECK(env("FI_OFI_RXM_USE_SRX") == "<unset>");
   CHECK(env("FI_CXI_RX_MATCH_MODE") == "<unset>");
+}
+
+TEST_CASE("provider leftovers: a dead process's shm regions go, a running one's stay",
+          "[profile]") {
+  using loom::providers::remove_leftovers_of;
+  if (!std::filesystem::is_directory("/dev/shm")) {
+    SUCCEED("no /dev/shm");
+    return;
+  }
+  // This process runs: nothing of it is touched.
+  const auto own = fake_region(::getpid(), "loom-test-own");
+  CHECK(remove_leftovers_of(::getpid()) == 0);
+  CHECK(std::filesystem::exists(own));
+  std::filesystem::remove(own);
+
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) ::_exit(0);
+  const auto first = fake_region(child, "loom-test-a");
+  const auto second = fake_region(child, "loom-test-b");
+  const auto other = fake_region(child + 1, "loom-test-other");  // another pid's: kept
+  // Exited but not reaped: its pid is still taken, so nothing goes yet.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(remove_leftovers_of(child) == 0);
+  CHECK(std::filesystem::exists(first));
+  REQUIRE(::waitpid(child, nullptr, 0) == child);
+  CHECK(remove_leftovers_of(child) == 2);
+  CHECK_FALSE(std::filesystem::exists(first));
+  CHECK_FALSE(std::filesystem::exists(second));
+  CHECK(std::filesystem::exists(other));
+  std::filesystem::remove(other);
+  CHECK(remove_leftovers_of(0) == 0);
+  CHECK(remove_leftovers_of(-1) == 0);
 }

@@ -7,12 +7,13 @@
 #include <thread>
 #include <utility>
 
-#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "providers/profile.hpp"
 
 namespace loom::test {
 namespace {
@@ -80,25 +81,6 @@ void Channel::barrier() {
 
 namespace {
 
-// A process killed by a signal leaves its shm provider regions in /dev/shm ("<pid>:..."):
-// 16 MB each, and a later process that gets the same pid (pid_max is 32768 here) fails to open
-// its endpoints with EBUSY.
-void remove_shm_regions(pid_t pid) {
-  const std::string prefix = std::to_string(pid) + ":";
-  DIR* dir = ::opendir("/dev/shm");
-  if (dir == nullptr) return;
-  while (const dirent* entry = ::readdir(dir)) {
-    if (std::string_view(entry->d_name).starts_with(prefix)) {
-      ::unlink((std::string("/dev/shm/") + entry->d_name).c_str());
-    }
-  }
-  ::closedir(dir);
-}
-
-}  // namespace
-
-namespace {
-
 // Forks a child that runs `role` on its end of a new socketpair and exits (1 if it threw);
 // returns its pid and the parent's end, or pid -1.
 std::pair<pid_t, int> fork_role(const std::function<void(Channel&)>& role) {
@@ -135,12 +117,12 @@ std::string reap(pid_t child, std::chrono::steady_clock::time_point deadline) {
     if (std::chrono::steady_clock::now() > deadline) {
       ::kill(child, SIGKILL);
       ::waitpid(child, &status, 0);
-      remove_shm_regions(child);
+      providers::remove_leftovers_of(child);
       return "child timed out and was killed";
     }
     std::this_thread::sleep_for(5ms);
   }
-  if (WIFSIGNALED(status)) remove_shm_regions(child);
+  if (WIFSIGNALED(status)) providers::remove_leftovers_of(child);
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
   return WIFSIGNALED(status) ? "child killed by signal " + std::to_string(WTERMSIG(status))
                              : "child exited with " + std::to_string(WEXITSTATUS(status));
