@@ -37,7 +37,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
       return Status::kInvalid;
   }
   const std::size_t max_msg = lane_->rails().max_msg_size();
-  if (size > max_msg && size > max_message_size(max_msg)) [[unlikely]] {
+  if (size > max_message_size(max_msg)) [[unlikely]] {
     return reject(Status::kInvalid, "isend: " + std::to_string(size) + " bytes do not fit in " +
                                         std::to_string(kMaxSendStripes) + " writes of at most " +
                                         std::to_string(max_msg) + " bytes (max_msg_size of " +
