@@ -2,6 +2,7 @@
 // environment alone, and what a killed process leaves behind.
 #include "providers/profile.hpp"
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

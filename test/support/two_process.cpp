@@ -3,7 +3,6 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <string_view>
 #include <thread>
 #include <utility>
 
