@@ -48,6 +48,11 @@ struct Profile {
   // Removes what a process of this provider that ended without closing its endpoints (killed)
   // left on the host for later processes to trip over; how many objects it removed.
   std::size_t (*remove_leftovers)(int pid) = nullptr;
+  // Whether control messages should ride inside data messages going the other way
+  // (mux/carried_control.hpp; LOOM_CARRY_CONTROL=1). Off where a message of its own costs less
+  // than the carrier's bookkeeping, which lies on the round trip's path while a message of its
+  // own leaves after the data and off it (shm: a copy into shared memory, no system call).
+  bool carry_control = true;
 };
 
 // The profile for a provider name as fi_info reports it ("verbs;ofi_rxm" -> verbs). Unknown

@@ -43,6 +43,7 @@ const Profile kShmProfile{
     .settings = {},
     .peer_gone_errors = kShmPeerGone,
     .remove_leftovers = remove_regions,
+    .carry_control = false,
 };
 
 }  // namespace loom::providers

@@ -28,6 +28,7 @@ struct Config {
   std::size_t eager_max{};         // LOOM_EAGER_MAX
   unsigned eager_credits{};        // LOOM_EAGER_CREDITS
   std::size_t inject_max{};        // LOOM_INJECT_MAX
+  unsigned carry_control{};        // LOOM_CARRY_CONTROL
   std::size_t min_stripe{};        // LOOM_MIN_STRIPE
   std::size_t mr_cache_entries{};  // LOOM_MR_CACHE_ENTRIES
   std::string log_level;           // LOOM_LOG_LEVEL

@@ -78,7 +78,11 @@ struct CommStats {
   std::uint64_t bytes = 0;
   std::uint64_t eager = 0;       // messages that went eagerly
   std::uint64_t rendezvous = 0;  // messages that went by RDMA write
-  std::size_t lane_comms = 0;    // communicators sharing this one's lane
+  // A receiving communicator's clear-to-send batches: sent as control messages of their own,
+  // or carried inside a message our side sent to the same peer context the other way.
+  std::uint64_t cts_sent = 0;
+  std::uint64_t cts_carried = 0;
+  std::size_t lane_comms = 0;  // communicators sharing this one's lane
   std::uint64_t lane_id = 0;
   std::vector<std::string> data_nics;  // the NIC of each data rail, in rail order
 };
@@ -233,6 +237,9 @@ struct LaneDescription {
   std::uint64_t mr_cache_hits = 0;
   std::uint64_t mr_cache_misses = 0;
   std::uint64_t mr_cache_evictions = 0;
+  // Control messages for this lane's communicators that rode inside a data message to another
+  // of this process's lanes (LOOM_CARRY_CONTROL) instead of arriving on its control rails.
+  std::uint64_t carried_control = 0;
   std::vector<RailDescription> rails;
 };
 

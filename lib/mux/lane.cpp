@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "loom/error.hpp"
 #include "ofi/nic.hpp"
@@ -188,9 +189,44 @@ void Lane::run_deferred() {
   running_ids_.clear();
 }
 
+void Lane::post_to_inbox(std::span<const std::byte> message) {
+  std::lock_guard lock(inbox_mutex_);
+  const auto length = static_cast<std::uint16_t>(message.size());
+  const auto* bytes = reinterpret_cast<const std::byte*>(&length);
+  inbox_.insert(inbox_.end(), bytes, bytes + sizeof length);
+  inbox_.insert(inbox_.end(), message.begin(), message.end());
+  inbox_pending_.store(true, std::memory_order_release);
+}
+
+// The registry checked each message's trailer and the receiving communicator its size; the
+// header is checked again here as the control channel checks its messages.
+void Lane::dispatch_inbox() {
+  {
+    std::lock_guard lock(inbox_mutex_);
+    draining_.swap(inbox_);
+    inbox_pending_.store(false, std::memory_order_relaxed);
+  }
+  std::span<const std::byte> rest(draining_);
+  while (rest.size() >= sizeof(std::uint16_t)) {
+    std::uint16_t length = 0;
+    std::memcpy(&length, rest.data(), sizeof length);
+    rest = rest.subspan(sizeof length);
+    if (length > rest.size()) break;  // cannot happen: post_to_inbox writes whole messages
+    const std::span<const std::byte> message = rest.first(length);
+    rest = rest.subspan(length);
+    if (const auto header = decode_control_header(message)) {
+      ++stats_.carried_control;
+      on_control(*header, message.subspan(kControlHeaderBytes));
+    }
+  }
+  draining_.clear();
+}
+
 std::size_t Lane::progress() {
-  // Batched control messages and posts held back by back-pressure go first, so what the peer
-  // waits for leaves before we look for what we wait for.
+  // What came carried on another lane's messages, then batched control messages and posts held
+  // back by back-pressure, so what the peer waits for leaves before we look for what we wait
+  // for.
+  drain_inbox();
   run_deferred();
   const std::size_t handled = rails_->progress();
   control_->retry_reposts();

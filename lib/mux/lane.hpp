@@ -57,6 +57,14 @@ class CommPort {
   // Called from Lane::progress after defer(): the work the communicator deferred (its control
   // batch, posts back-pressure held back).
   virtual void on_deferred() = 0;
+  // A control message this communicator has batched, taken as if sent, to ride on a data
+  // message another lane's communicator sends to the same peer context (carried_control.hpp):
+  // the bytes written to `out` (header + body; 0 when nothing is due or it does not fit), and
+  // the peer's lane it is for.
+  virtual std::size_t take_carried_control(std::span<std::byte> /*out*/,
+                                           std::uint64_t& /*target_lane*/) {
+    return 0;
+  }
   // Closed and retired (Lane::retire): whether the provider handed back all its operations.
   [[nodiscard]] virtual bool drained() const noexcept = 0;
   // Retired, and its lane closing: its registrations (held for the operations still out) go
@@ -69,6 +77,7 @@ struct LaneStats {
   std::size_t retired = 0;                // closed, waiting for their operations to drain
   std::uint64_t stray_control = 0;        // control messages for a comm id not attached
   std::uint64_t stray_remote_writes = 0;  // remote CQ data for a comm id not attached
+  std::uint64_t carried_control = 0;      // control messages that came through the inbox
 };
 
 class Lane final : ofi::RemoteWriteHandler, ControlSink {
@@ -137,6 +146,22 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   // Only the deferred work.
   void run_deferred();
 
+  // Control messages that rode on another lane's data messages (carried_control.hpp), posted
+  // here by LaneRegistry::post_carried from any thread: the inbox is a leaf lock of its own.
+  void post_to_inbox(std::span<const std::byte> message);
+  // Dispatches what the inbox holds (under the lane's mutex), like messages from the control
+  // rails. progress() does it first; a send does it before it looks for its clearance.
+  void drain_inbox() {
+    if (inbox_pending_.load(std::memory_order_acquire)) [[unlikely]]
+      dispatch_inbox();
+  }
+  // See CommPort::take_carried_control (under the lane's mutex).
+  std::size_t take_carried_control(CommId id, std::span<std::byte> out,
+                                   std::uint64_t& target_lane) {
+    CommPort* port = port_of(id);
+    return port != nullptr ? port->take_carried_control(out, target_lane) : 0;
+  }
+
   [[nodiscard]] LaneStats stats() const noexcept;
 
   // Eager flow control. Providers buffer messages that arrive before their receive in a
@@ -165,6 +190,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
     const Slot& slot = slots_[id & (slots_.size() - 1)];
     return slot.id == id ? slot.port : nullptr;
   }
+  void dispatch_inbox();
   void free_drained();
   void remove_released_peers() noexcept;
   // The communicators changed: each one's share of the posted receives follows.
@@ -195,6 +221,10 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   std::map<std::pair<std::size_t, std::vector<std::byte>>, Peer> peers_;  // by (rail, name)
   std::vector<std::pair<std::size_t, ofi::Address>> released_;            // to remove from the AVs
   util::SpinLock mutex_;
+  util::SpinLock inbox_mutex_;
+  std::vector<std::byte> inbox_;  // u16 length + message, repeated
+  std::vector<std::byte> draining_;
+  std::atomic<bool> inbox_pending_{false};
   LaneStats stats_;
   std::vector<std::size_t> receives_posted_;  // per data rail
   std::vector<std::size_t> receive_limit_;    // per data rail

@@ -39,6 +39,8 @@ Lane& LaneRegistry::join(std::uint64_t peer, Direction direction,
     }
     ++lanes_opened_;
     order_.push_back(entry.lane.get());
+    std::lock_guard carriers(carriers_mutex_);
+    by_id_.push_back(entry.lane.get());
   }
   ++comms.ordinals[static_cast<std::size_t>(direction)];
   ++comms.open;
@@ -60,6 +62,8 @@ void LaneRegistry::leave(Lane& lane, std::uint64_t peer) {
       closing = std::move(it->second.lane);
       lanes_.erase(it);
       std::erase(order_, closing.get());
+      std::lock_guard carriers(carriers_mutex_);
+      std::erase(by_id_, closing.get());
     }
   }
   // Closed outside the registry lock: closing endpoints can take a while.
@@ -89,6 +93,60 @@ void LaneRegistry::run_deferred_elsewhere(const Lane& busy) {
   }
 }
 
+namespace {
+
+struct ByPeer {
+  template <typename Source>
+  bool operator()(const Source& s, std::uint64_t peer) const noexcept {
+    return s.peer < peer;
+  }
+  template <typename Source>
+  bool operator()(std::uint64_t peer, const Source& s) const noexcept {
+    return peer < s.peer;
+  }
+};
+
+}  // namespace
+
+// Sorted by peer: a send looks up its peer's sources among every peer's.
+void LaneRegistry::add_control_source(std::uint64_t peer, Lane& lane, CommId comm) {
+  std::lock_guard lock(carriers_mutex_);
+  const auto at = std::upper_bound(sources_.begin(), sources_.end(), peer, ByPeer{});
+  sources_.insert(at, {peer, &lane, comm});
+}
+
+void LaneRegistry::remove_control_source(std::uint64_t peer, const Lane& lane, CommId comm) {
+  std::lock_guard lock(carriers_mutex_);
+  std::erase_if(sources_, [&](const ControlSource& s) {
+    return s.peer == peer && s.lane == &lane && s.comm == comm;
+  });
+}
+
+std::size_t LaneRegistry::take_carried_control(std::uint64_t peer, std::span<std::byte> out,
+                                               std::uint64_t& target_lane) {
+  std::unique_lock lock(carriers_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return 0;
+  const auto [first, last] = std::equal_range(sources_.begin(), sources_.end(), peer, ByPeer{});
+  for (auto it = first; it != last; ++it) {
+    const ControlSource& source = *it;
+    std::unique_lock lane_lock(source.lane->mutex(), std::try_to_lock);
+    if (!lane_lock.owns_lock()) continue;
+    if (const std::size_t n = source.lane->take_carried_control(source.comm, out, target_lane))
+      return n;
+  }
+  return 0;
+}
+
+void LaneRegistry::post_carried(std::uint64_t lane, std::span<const std::byte> message) {
+  std::lock_guard lock(carriers_mutex_);
+  for (Lane* open : by_id_) {
+    if (open->id() == lane) {
+      open->post_to_inbox(message);
+      return;
+    }
+  }
+}
+
 RegistryStats LaneRegistry::stats() const {
   std::lock_guard lock(mutex_);
   RegistryStats stats;
@@ -101,6 +159,7 @@ RegistryStats LaneRegistry::stats() const {
                         .peers = lane.peers(),
                         .comms = entry.references,
                         .retired = lane.stats().retired,
+                        .carried_control = lane.stats().carried_control,
                         .endpoints = lane.rails().rails().size(),
                         .mr_cache = lane.rails().mr_cache().stats(),
                         .rails = {}};

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,10 +34,11 @@ struct RailSummary {
 struct LaneSummary {
   std::uint64_t id;
   Direction direction;
-  std::size_t peers;      // in the lane's AVs
-  std::size_t comms;      // communicators holding the lane (attached or draining)
-  std::size_t retired;    // closed ones the lane keeps until their operations drain
-  std::size_t endpoints;  // rails
+  std::size_t peers;              // in the lane's AVs
+  std::size_t comms;              // communicators holding the lane (attached or draining)
+  std::size_t retired;            // closed ones the lane keeps until their operations drain
+  std::uint64_t carried_control;  // control messages that came through its inbox
+  std::size_t endpoints;          // rails
   ofi::MrCacheStats mr_cache;
   std::vector<RailSummary> rails;
 };
@@ -81,6 +83,19 @@ class LaneRegistry {
   // Runs the deferred work of the lanes other than `busy` that no other thread holds.
   void run_deferred_elsewhere(const Lane& busy);
 
+  // Carried control (carried_control.hpp). A receiving communicator offers the control
+  // messages it owes its peer context to the sends towards that context (add_control_source,
+  // under its lane's lock, until remove_control_source); a sending communicator, under its own
+  // lane's lock, takes one of them to ride on the message it is about to inject: the bytes
+  // written to `out`, 0 when none is due or the lanes involved are busy (try_lock: two lanes'
+  // locks are never waited for together). The receiving side posts what it strips from a
+  // carrier to the lane named in its trailer; a lane that is gone drops it.
+  void add_control_source(std::uint64_t peer, Lane& lane, CommId comm);
+  void remove_control_source(std::uint64_t peer, const Lane& lane, CommId comm);
+  std::size_t take_carried_control(std::uint64_t peer, std::span<std::byte> out,
+                                   std::uint64_t& target_lane);
+  void post_carried(std::uint64_t lane, std::span<const std::byte> message);
+
   [[nodiscard]] RegistryStats stats() const;
   [[nodiscard]] unsigned ngroups() const noexcept { return ngroups_; }
   [[nodiscard]] const LaneShape& shape() const noexcept { return shape_; }
@@ -109,6 +124,16 @@ class LaneRegistry {
   std::uint64_t next_private_group_ = 0;      // ngroups 0: a group per communicator
   std::uint64_t next_lane_id_ = 1;
   std::uint64_t lanes_opened_ = 0;
+
+  // Carried control: taken under a lane's lock; never held while waiting for a lane's lock.
+  struct ControlSource {
+    std::uint64_t peer;  // context id
+    Lane* lane;
+    CommId comm;
+  };
+  util::SpinLock carriers_mutex_;
+  std::vector<Lane*> by_id_;            // every open lane
+  std::vector<ControlSource> sources_;  // sorted by peer
 };
 
 }  // namespace loom::mux

@@ -12,9 +12,13 @@ using CommId = std::uint16_t;
 
 inline constexpr unsigned kCommIdBits = 16;
 inline constexpr unsigned kTagKindBits = 4;
-inline constexpr unsigned kTagSeqBits = 24;
+// The sequence field: the message's low kTagSeqBits sequence bits and, above them, one bit
+// saying the message carries a control message for another lane after its payload (see
+// mux/carried_control.hpp).
+inline constexpr unsigned kTagSeqBits = 23;
+inline constexpr unsigned kTagSeqFieldBits = kTagSeqBits + 1;
 inline constexpr unsigned kUsableTagBits = 48;
-static_assert(kTagKindBits + kCommIdBits + kTagSeqBits <= kUsableTagBits);
+static_assert(kTagKindBits + kCommIdBits + kTagSeqFieldBits <= kUsableTagBits);
 
 enum class TagKind : std::uint8_t {
   kEager = 1,  // a message sent ahead on a credit into one of the receiver's eager buffers
@@ -23,20 +27,25 @@ enum class TagKind : std::uint8_t {
 struct DataTag {
   TagKind kind;
   CommId comm;
-  std::uint32_t seq;  // low kTagSeqBits of the message sequence number
+  std::uint32_t seq;             // low kTagSeqBits of the message sequence number
+  bool carries_control = false;  // a carried control message follows the payload
 };
 
 inline constexpr std::uint32_t kTagSeqMask = (1u << kTagSeqBits) - 1;
+// What a receive that takes any sequence number ignores.
+inline constexpr std::uint64_t kTagSeqFieldMask = (std::uint64_t{1} << kTagSeqFieldBits) - 1;
 
 constexpr std::uint64_t encode_tag(DataTag t) {
-  return (std::uint64_t{static_cast<std::uint8_t>(t.kind)} << (kCommIdBits + kTagSeqBits)) |
-         (std::uint64_t{t.comm} << kTagSeqBits) | (t.seq & kTagSeqMask);
+  return (std::uint64_t{static_cast<std::uint8_t>(t.kind)} << (kCommIdBits + kTagSeqFieldBits)) |
+         (std::uint64_t{t.comm} << kTagSeqFieldBits) |
+         (std::uint64_t{t.carries_control} << kTagSeqBits) | (t.seq & kTagSeqMask);
 }
 
 constexpr DataTag decode_tag(std::uint64_t tag) {
   return DataTag{
-      static_cast<TagKind>((tag >> (kCommIdBits + kTagSeqBits)) & ((1u << kTagKindBits) - 1)),
-      static_cast<CommId>(tag >> kTagSeqBits), static_cast<std::uint32_t>(tag & kTagSeqMask)};
+      static_cast<TagKind>((tag >> (kCommIdBits + kTagSeqFieldBits)) & ((1u << kTagKindBits) - 1)),
+      static_cast<CommId>(tag >> kTagSeqFieldBits), static_cast<std::uint32_t>(tag & kTagSeqMask),
+      ((tag >> kTagSeqBits) & 1u) != 0};
 }
 
 // Remote CQ data of a rendezvous stripe: comm id | sequence | fills | stripe count. `fills`
@@ -70,9 +79,12 @@ constexpr WriteImmediate decode_immediate(std::uint32_t data) {
       static_cast<std::uint8_t>((data & (kMaxStripes - 1)) + 1)};
 }
 
-static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xABCDEF})).comm == 0xBEEF);
-static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xABCDEF})).seq == 0xABCDEF);
-static_assert(encode_tag({TagKind::kEager, 0xFFFF, 0xFFFFFFFF}) < (1ull << kUsableTagBits));
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0x2BCDEF})).comm == 0xBEEF);
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0x2BCDEF})).seq == 0x2BCDEF);
+static_assert(!decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xFFFFFFFF})).carries_control);
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0, true})).carries_control);
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xFFFF, 0, true})).kind == TagKind::kEager);
+static_assert(encode_tag({TagKind::kEager, 0xFFFF, 0xFFFFFFFF, true}) < (1ull << kUsableTagBits));
 static_assert(decode_immediate(encode_immediate({0x1234, 0xFFF, false, 8})).stripes == 8);
 static_assert(decode_immediate(encode_immediate({0x1234, 0xABC, true, 1})).seq == 0xABC);
 static_assert(decode_immediate(encode_immediate({0x1234, 0xABC, true, 1})).fills);

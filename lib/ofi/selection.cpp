@@ -188,6 +188,27 @@ InfoPtr single_entry(const fi_info& entry) {
   return duplicate(single);
 }
 
+// Providers report a small inject size unless asked for more (tcp;ofi_rxm: 64 bytes, and up
+// to its buffer size when asked): the chosen entry asked again, as it is, for `wanted`. A
+// provider that cannot grant it keeps the entry it offered.
+InfoPtr with_inject_size(const fi_info& entry, std::size_t wanted) {
+  InfoPtr single = single_entry(entry);
+  if (single->tx_attr == nullptr || single->tx_attr->inject_size >= wanted) return single;
+  InfoPtr hints = single_entry(entry);
+  hints->tx_attr->inject_size = wanted;
+  fi_info* list = nullptr;
+  const int rc = fi_getinfo(api_version(), nullptr, nullptr, 0, hints.get(), &list);
+  InfoPtr owner(list);
+  for (const fi_info* i = rc == 0 ? list : nullptr; i != nullptr; i = i->next) {
+    if (std::strcmp(provider_of(*i), provider_of(entry)) == 0 &&
+        std::strcmp(domain_of(*i), domain_of(entry)) == 0 && i->addr_format == entry.addr_format &&
+        i->tx_attr != nullptr && i->tx_attr->inject_size >= wanted) {
+      return single_entry(*i);
+    }
+  }
+  return single;
+}
+
 }  // namespace
 
 std::size_t remove_process_leftovers(int pid) noexcept {
@@ -342,8 +363,10 @@ std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
       util::log().info("NIC {} [{}]: host memory only: {}", domain_of(*c), provider,
                        options.device_memory_note);
     }
-    nics.push_back(
-        std::make_unique<Nic>(single_entry(hmem != nullptr ? *hmem : *c), std::move(options)));
+    nics.push_back(std::make_unique<Nic>(
+        with_inject_size(hmem != nullptr ? *hmem : *c,
+                         config.inject_max == 0 ? 0 : config.inject_max + kInjectHeadroom),
+        std::move(options)));
   }
   util::log().info("provider {} (API {}): {} NIC(s); {}", provider, version_text(api_version()),
                    nics.size(), nics.front()->profile().summary);

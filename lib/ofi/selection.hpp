@@ -12,6 +12,10 @@
 
 namespace loom::ofi {
 
+// What open_nics asks the provider to inject beyond LOOM_INJECT_MAX: room for a control
+// message riding along a message of that size (mux/carried_control.hpp).
+inline constexpr std::size_t kInjectHeadroom = 1024;
+
 // Opens the NICs `config` asks for (LOOM_PROVIDER, LOOM_NICS, LOOM_LOOPBACK_ONLY; FI_PROVIDER
 // applies inside libfabric), all of one provider, in the order LOOM_NICS gives or libfabric
 // lists them. When nothing matches, throws loom::Error listing every provider libfabric knows
@@ -20,6 +24,9 @@ namespace loom::ofi {
 // Device memory: in a build with CUDA (and LOOM_DEVICE_MEMORY=1), the chosen provider is asked
 // again with FI_HMEM and FI_MR_HMEM; a NIC it grants them on is opened from that entry, any
 // other with its host-only entry and a logged reason (NicAttributes::device_memory_note).
+//
+// Inject size: a provider that reports less than LOOM_INJECT_MAX + kInjectHeadroom is asked for
+// that much (tcp;ofi_rxm reports 64 bytes unless asked); one that refuses keeps its own.
 [[nodiscard]] std::vector<std::unique_ptr<Nic>> open_nics(const Config& config);
 
 // The provider settings loom recommends for the families `config` names (LOOM_PROVIDER, else

@@ -184,6 +184,7 @@ ContextStats Context::stats() const {
                                 .mr_cache_hits = lane.mr_cache.hits,
                                 .mr_cache_misses = lane.mr_cache.misses,
                                 .mr_cache_evictions = lane.mr_cache.evictions,
+                                .carried_control = lane.carried_control,
                                 .rails = {}};
     for (const auto& rail : lane.rails) {
       description.rails.push_back(RailDescription{.nic = rail.nic,

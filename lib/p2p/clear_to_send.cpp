@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "ofi/memory_registration.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
 #include "util/log.hpp"
@@ -75,6 +76,11 @@ void RecvCommImpl::announce(Request& r) {
       entry.address = part.registration->remote_address(part.data);
       for (std::size_t k = 0; k < data_rails_; ++k) entry.keys[k] = part.registration->key(k);
     }
+    announced_[part.seq % kSeqWindow] = Announced{.seq = part.seq,
+                                                  .size = part.size,
+                                                  .tag = part.tag,
+                                                  .refused = entry.refused,
+                                                  .valid = true};
     part.to(RecvState::kAnnounced);
     batched_.push_back({&r, static_cast<std::uint8_t>(i)});
     defer();
@@ -82,6 +88,9 @@ void RecvCommImpl::announce(Request& r) {
   }
 }
 
+// Sends the batch as a control message of its own: entries at once, since a sender may be
+// waiting for them; credits alone only once half the eager buffers wait to be granted again,
+// since until then the sender has credits left and a message the other way may carry them.
 void RecvCommImpl::send_control_batch() {
   post_eager_buffers();  // what the lane's share refused before (nothing to do, mostly)
   if (batch_.count == 0 && credits_to_grant_ == 0) return;
@@ -94,11 +103,9 @@ void RecvCommImpl::send_control_batch() {
     batched_.clear();
     return;
   }
-  batch_.data_rails = static_cast<std::uint8_t>(data_rails_);
-  batch_.credits = static_cast<std::uint16_t>(std::min(credits_to_grant_, kMaxCreditsPerBatch));
-  batch_.eager_size = static_cast<std::uint32_t>(eager_size_);
+  if (batch_.count == 0 && 2 * credits_to_grant_ < eager_count_) return;
   std::byte body[mux::kMaxControlBody];
-  const std::size_t length = encode_cts(batch_, body);
+  const std::size_t length = encode_batch(body);
   // See SendCommImpl::send_control_batch: an unencodable batch fails its requests.
   const Status status =
       length == 0 ? refuse_batch("clear-to-send")
@@ -108,6 +115,38 @@ void RecvCommImpl::send_control_batch() {
     defer();
     return;
   }
+  if (status == Status::kOk) ++stats_.cts_sent;
+  batch_left(status);
+}
+
+// The batch rides on a message our send communicator to the same peer context injects (see
+// mux/carried_control.hpp): called by it, under our lane's lock, through the lane registry.
+std::size_t RecvCommImpl::take_carried_control(std::span<std::byte> out,
+                                               std::uint64_t& target_lane) {
+  if (closed_ || peer_gone() || (batch_.count == 0 && credits_to_grant_ == 0) ||
+      out.size() <= mux::kControlHeaderBytes) {
+    return 0;
+  }
+  const std::size_t length = encode_batch(out.subspan(mux::kControlHeaderBytes));
+  if (length == 0) return 0;  // does not fit beside the payload: it goes on its own
+  mux::encode_control_header(out, {.type = static_cast<std::uint8_t>(MessageType::kClearToSend),
+                                   .comm = peer_id_,
+                                   .length = static_cast<std::uint16_t>(length)});
+  target_lane = peer_lane_;
+  ++stats_.cts_carried;
+  batch_left(Status::kOk);
+  return mux::kControlHeaderBytes + length;
+}
+
+std::size_t RecvCommImpl::encode_batch(std::span<std::byte> out) {
+  batch_.data_rails = static_cast<std::uint8_t>(data_rails_);
+  batch_.credits = static_cast<std::uint16_t>(std::min(credits_to_grant_, kMaxCreditsPerBatch));
+  batch_.eager_size = static_cast<std::uint32_t>(eager_size_);
+  return encode_cts(batch_, out);
+}
+
+// The batch left (kOk) or could not (the sender never learns of its buffers).
+void RecvCommImpl::batch_left(Status status) {
   if (status == Status::kOk) credits_to_grant_ -= batch_.credits;
   for (const PartRef& ref : batched_) {
     Request& r = *ref.request;
@@ -135,6 +174,37 @@ void RecvCommImpl::send_control_batch() {
   }
   batch_.count = 0;
   batched_.clear();
+}
+
+// A carried batch is lost if the receiving communicator it rode to closed before it landed
+// (its eager buffers cancelled): the peer's sender, still waiting, names the oldest message it
+// waits for in its pings, and what we announced from there on goes again, as a control
+// message. Announcing twice is harmless: the sender takes a clearance once, for the message
+// with that sequence number. Credits that were lost stay lost: the sender writes instead.
+void RecvCommImpl::repeat_clearances(std::uint32_t from) {
+  if (batch_limit_ == 0) return;  // nothing announced yet
+  std::size_t repeated = 0;
+  for (std::uint32_t seq = from; seq_before(seq, next_seq_) && seq - from < kSeqWindow; ++seq) {
+    const Announced& a = announced_[seq % kSeqWindow];
+    if (!a.valid || a.seq != seq) continue;
+    if (batch_.count == batch_limit_) send_control_batch();
+    if (batch_.count == batch_limit_) return;  // back-pressure: the next ping asks again
+    CtsEntry& entry = batch_.entries[batch_.count++];
+    entry = CtsEntry{.seq = seq, .size = a.size, .tag = a.tag, .refused = a.refused};
+    const PartRef& ref = by_seq_[seq % kSeqWindow];
+    if (ref.request != nullptr && ref.request->in_use && ref.part < ref.request->part_count) {
+      const Part& part = ref.request->parts[ref.part];
+      if (part.seq == seq && part.registration != nullptr && !terminal(part.recv)) {
+        entry.address = part.registration->remote_address(part.data);
+        for (std::size_t k = 0; k < data_rails_; ++k) entry.keys[k] = part.registration->key(k);
+      }
+    }
+    ++repeated;
+  }
+  if (repeated == 0) return;
+  util::log().debug("comm {} on lane {}: {} clearance(s) from message {} announced again", id_,
+                    lane_->id(), repeated, from);
+  send_control_batch();
 }
 
 // ---- sender ----
@@ -177,6 +247,18 @@ void SendCommImpl::on_clear_to_send(std::span<const std::byte> body) {
     }
   }
   if (cts.credits() != 0) send_ahead_waiting();
+}
+
+bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {
+  bool any = false;
+  for (const Request& r : requests_.built()) {
+    if (!r.in_use || r.kind != RequestKind::kSend) continue;
+    const SendState state = r.parts[0].send;
+    if (state != SendState::kAwaitingClearance && state != SendState::kSentAhead) continue;
+    if (!any || seq_before(r.parts[0].seq, oldest)) oldest = r.parts[0].seq;
+    any = true;
+  }
+  return any;
 }
 
 // The message meets its buffer's announcement. A refusal sends no payload, only a

@@ -36,6 +36,7 @@ Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::ui
     : settings_{.eager_max = core.config().eager_max,
                 .eager_credits = core.config().eager_credits,
                 .inject_max = core.config().inject_max,
+                .carry_control = core.config().carry_control,
                 .min_stripe = core.config().min_stripe,
                 .peer_timeout = std::chrono::milliseconds(core.config().peer_timeout_ms),
                 .force_flush = core.config().force_flush,
@@ -120,7 +121,11 @@ void Comm::connect_peer(const LaneAddresses& peer) {
   data_rails_ = std::min(rails.data_rails(), peer.data.size());
   control_rails_ = std::min(rails.control_rails(), peer.control.size());
   peer_id_ = peer.comm;
+  peer_lane_ = peer.lane;
   inject_max_ = settings_.inject_max;
+  carry_control_ = settings_.carry_control == 2 ||
+                   (settings_.carry_control == 1 && rails.data(0).nic().attributes().carry_control);
+  inject_size_ = rails.data(0).nic().attributes().inject_size;
   for (std::size_t i = 0; i < data_rails_; ++i) {
     peer_data_.push_back(lane_->acquire_peer(i, peer.data[i]));
     inject_max_ = std::min(inject_max_, rails.data(i).nic().attributes().inject_size);

@@ -43,6 +43,7 @@ struct CommSettings {
   std::size_t eager_max = 0;
   std::size_t eager_credits = 0;
   std::size_t inject_max = 0;
+  unsigned carry_control = 0;  // LOOM_CARRY_CONTROL
   std::size_t min_stripe = 0;
   std::chrono::milliseconds peer_timeout{0};
   bool force_flush = false;
@@ -156,7 +157,12 @@ class Comm : public mux::CommPort {
   Status poll(Request* request, bool& done, std::span<std::size_t> sizes, std::size_t& handled);
   // Pings and pongs: true when `header` was one (and consumed). Anything from the peer is a
   // sign of life.
-  bool on_liveness(const mux::ControlHeader& header);
+  bool on_liveness(const mux::ControlHeader& header, std::span<const std::byte> body);
+  // A sender: whether a message waits for its clearance, and the oldest that does (named in
+  // our pings).
+  virtual bool awaiting_clearance(std::uint32_t& /*oldest*/) const noexcept { return false; }
+  // A receiver: the peer's ping says its messages from `from` on wait for their clearances.
+  virtual void repeat_clearances(std::uint32_t /*from*/) {}
   // While requests wait on the peer: pings it every LOOM_PEER_TIMEOUT_MS / 4 and declares it
   // lost when nothing came back for LOOM_PEER_TIMEOUT_MS (or a ping cannot be sent).
   void check_peer();
@@ -189,12 +195,15 @@ class Comm : public mux::CommPort {
   std::uint64_t peer_context_;
   mux::CommId id_ = 0;
   mux::CommId peer_id_ = 0;
-  std::size_t data_rails_ = 0;  // used with this peer: min of both sides
+  std::uint64_t peer_lane_ = 0;  // the peer communicator's lane, in its context
+  std::size_t data_rails_ = 0;   // used with this peer: min of both sides
   std::size_t control_rails_ = 0;
   std::vector<ofi::Address> peer_data_;
   std::vector<ofi::Address> peer_control_;
   std::size_t eager_max_;
-  std::size_t inject_max_ = 0;  // eager sends up to this size are injected (no completion)
+  std::size_t inject_max_ = 0;   // eager sends up to this size are injected (no completion)
+  std::size_t inject_size_ = 0;  // what the provider injects (a payload and a carried message)
+  bool carry_control_ = false;   // sends carry control messages (LOOM_CARRY_CONTROL, profile)
   bool closed_ = false;
   PeerState peer_ = PeerState::kConnected;
   std::string peer_gone_;                                 // why, once peer_ is not kConnected

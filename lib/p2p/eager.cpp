@@ -10,8 +10,13 @@
 // eager buffer (a credit) or, without credits, by RDMA write once its buffer is announced.
 // Memory per receiving communicator: LOOM_EAGER_CREDITS x LOOM_EAGER_MAX (16 x 16 KiB), one
 // registration. Eager buffers live on data rail 0: small messages gain nothing from striping.
+//
+// An injected eager message may also carry a clear-to-send batch one of our receiving
+// communicators owes the same peer context (mux/carried_control.hpp; fill_carrier here, the
+// receiving end in on_eager_buffer).
 #include <cstring>
 
+#include "mux/carried_control.hpp"
 #include "ofi/memory_registration.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
@@ -34,16 +39,24 @@ void SendCommImpl::post_eager(Request& r) {
   Part& part = r.parts[0];
   const bool ahead = part.send == SendState::kAwaitingClearance;
   ofi::Rail& data_rail = lane_->rails().data(0);
-  const std::uint64_t wire_tag = mux::encode_tag({mux::TagKind::kEager, peer_id_, part.seq});
   // An inject leaves no completion to generate and read: on shm that is a CQ write less under
   // the receiver's queue lock, which both processes take for every message.
   const bool inject = part.size <= inject_max_ && (part.registration == nullptr ||
                                                    part.registration->type() == MemoryType::kHost);
-  const Status status =
-      inject ? data_rail.tagged_inject(peer_data_[0], part.data, part.size, wire_tag, part.tag)
-             : data_rail.tagged_send(peer_data_[0], part.data, part.size,
-                                     part.registration ? part.registration->desc(0) : nullptr,
-                                     wire_tag, part.tag, &r.ops[0]);
+  const std::size_t carrier = inject ? fill_carrier(part) : 0;
+  const std::uint64_t wire_tag =
+      mux::encode_tag({mux::TagKind::kEager, peer_id_, part.seq, carrier != 0});
+  Status status;
+  if (carrier != 0) {
+    status = data_rail.tagged_inject(peer_data_[0], carrier_.data(), carrier, wire_tag, part.tag);
+  } else if (inject) {
+    status = data_rail.tagged_inject(peer_data_[0], part.data, part.size, wire_tag, part.tag);
+  } else {
+    status = data_rail.tagged_send(peer_data_[0], part.data, part.size,
+                                   part.registration ? part.registration->desc(0) : nullptr,
+                                   wire_tag, part.tag, &r.ops[0]);
+  }
+  if (carrier != 0 && status == Status::kOk) carried_length_ = 0;
   if (status == Status::kOk) {
     if (!inject) ++r.ops_outstanding;
     if (ahead) {
@@ -63,6 +76,34 @@ void SendCommImpl::post_eager(Request& r) {
     part.status = Status::kError;
     part.to(SendState::kFailed);
   }
+}
+
+// The payload followed by a control message one of our receiving communicators owes the same
+// peer context (mux/carried_control.hpp), in carrier_: its length, or 0 when there is none or
+// it does not fit in an inject (of the provider's size, which may exceed LOOM_INJECT_MAX) that
+// the receiver's eager buffer takes. A taken message stays in held_control_ until an inject
+// carries it: back-pressure must not lose it.
+std::size_t SendCommImpl::fill_carrier(const Part& part) {
+  if (!carry_control_) return 0;
+  const std::size_t limit = std::min(inject_size_, eager_size_);
+  const std::size_t overhead = mux::kCarrierTrailerBytes + mux::kControlHeaderBytes;
+  if (part.size + overhead >= limit) return 0;
+  const std::size_t room =
+      std::min(limit - part.size - mux::kCarrierTrailerBytes, mux::kMaxCarriedControl);
+  if (carrier_.size() < limit) carrier_.resize(limit);
+  if (carried_length_ == 0) {
+    carried_length_ =
+        lanes_.take_carried_control(peer_context_, {held_control_.data(), room}, carried_lane_);
+    if (carried_length_ == 0) return 0;
+  } else if (carried_length_ > room) {
+    return 0;  // held from a larger room: it waits for a smaller payload
+  }
+  if (part.size != 0) std::memcpy(carrier_.data(), part.data, part.size);
+  std::memcpy(carrier_.data() + part.size, held_control_.data(), carried_length_);
+  const std::size_t end = part.size + carried_length_;
+  mux::encode_carrier_trailer({carrier_.data() + end, mux::kCarrierTrailerBytes}, carried_lane_,
+                              carried_length_);
+  return end + mux::kCarrierTrailerBytes;
 }
 
 // New credits: the messages waiting for one go, oldest first.
@@ -105,6 +146,7 @@ void RecvCommImpl::EagerBuffer::on_completion(ofi::OpContext&, const ofi::Comple
 // At connection: the eager buffers, registered once on the lane's rails (bound to its
 // endpoints under FI_MR_ENDPOINT), then posted; the first batch grants them.
 void RecvCommImpl::on_peer_connected() {
+  lanes_.add_control_source(peer_context_, *lane_, id_);
   const std::size_t count = settings_.eager_credits;
   if (count == 0 || eager_max_ == 0 || data_rails_ == 0) return;
   eager_size_ = eager_max_;
@@ -149,7 +191,7 @@ bool RecvCommImpl::post_eager_buffer(EagerBuffer& buffer) {
   ofi::Rail& rail = lane_->rails().data(0);
   const Status status = rail.tagged_recv(buffer.data, eager_size_, eager_registration_->desc(0),
                                          mux::encode_tag({mux::TagKind::kEager, id_, 0}),
-                                         mux::kTagSeqMask, &buffer.op);
+                                         mux::kTagSeqFieldMask, &buffer.op);
   if (status != Status::kOk) {
     if (status != Status::kRetry) {
       util::log().warn("comm {} on lane {}: eager buffer not posted: {}", id_, lane_->id(),
@@ -166,6 +208,7 @@ bool RecvCommImpl::post_eager_buffer(EagerBuffer& buffer) {
 }
 
 void RecvCommImpl::cancel_standing() {
+  lanes_.remove_control_source(peer_context_, *lane_, id_);
   for (std::size_t i = 0; i < eager_count_; ++i) {
     if (eager_buffers_[i].state == EagerBuffer::State::kPosted)
       lane_->rails().data(0).cancel(&eager_buffers_[i].op);
@@ -195,10 +238,23 @@ void RecvCommImpl::on_eager_buffer(EagerBuffer& buffer, const ofi::Completion& c
                   : "irecv: eager buffer: " + std::string(completion.error_text));
     return;
   }
+  const mux::DataTag wire_tag = mux::decode_tag(completion.tag);
+  std::size_t length = completion.length;
+  if (wire_tag.carries_control) {
+    // The control message goes to its lane whatever becomes of the payload: the peer's sender
+    // there waits for it.
+    mux::CarriedControl carried;
+    if (const char* why = mux::decode_carrier({buffer.data, length}, carried)) [[unlikely]] {
+      peer_lost(std::string("irecv: eager message: ") + why);
+      return;
+    }
+    lanes_.post_carried(carried.target_lane, carried.message);
+    length = carried.payload_length;
+  }
   buffer.state = EagerBuffer::State::kHeld;
   ++eager_held_;
-  buffer.seq = full_seq(mux::decode_tag(completion.tag).seq);
-  buffer.length = completion.length;
+  buffer.seq = full_seq(wire_tag.seq);
+  buffer.length = length;
   buffer.has_tag = completion.has_data;
   buffer.tag = completion.data;
   Request* r = nullptr;

@@ -1,6 +1,8 @@
 // Liveness: while requests wait on the peer, test() pings it and the peer's progress answers;
 // silence for LOOM_PEER_TIMEOUT_MS, or a ping the provider refuses, makes the peer lost and
-// fails everything pending. Both directions run the same code.
+// fails everything pending. Both directions run the same code. A sender's ping also names the
+// oldest message still waiting for its clearance, which the receiver then announces again
+// (Ping in messages.hpp).
 #include <chrono>
 
 #include "p2p/comm.hpp"
@@ -16,12 +18,18 @@ void Comm::peer_lost(std::string why, bool warn) {
   fail_all(Status::kPeerError, peer_gone_);
 }
 
-bool Comm::on_liveness(const mux::ControlHeader& header) {
+bool Comm::on_liveness(const mux::ControlHeader& header, std::span<const std::byte> body) {
   last_heard_ = std::chrono::steady_clock::now();
   const auto type = static_cast<MessageType>(header.type);
   if (type == MessageType::kPing) {
     // Lost to back-pressure, the next ping asks again.
     if (!closed_ && !peer_control_.empty()) send_control(MessageType::kPong, 0, {});
+    Ping ping;
+    if (const char* why = decode_ping(body, ping)) [[unlikely]] {
+      util::log().warn("comm {} on lane {}: {}", id_, lane_->id(), why);
+    } else if (ping.awaiting && !closed_ && !peer_gone()) {
+      repeat_clearances(ping.oldest_awaiting);
+    }
     return true;
   }
   return type == MessageType::kPong;
@@ -43,7 +51,10 @@ void Comm::check_peer() {
   }
   if (now < next_ping_) return;
   next_ping_ = now + timeout / 4;
-  const Status status = send_control(MessageType::kPing, 0, {});
+  Ping ping;
+  ping.awaiting = awaiting_clearance(ping.oldest_awaiting);
+  std::byte bytes[kPingAwaitingBytes];
+  const Status status = send_control(MessageType::kPing, 0, {bytes, encode_ping(ping, bytes)});
   if (status != Status::kOk && status != Status::kRetry) {
     peer_lost("the peer is unreachable (" + last_error_ + ")");
   }

@@ -240,6 +240,23 @@ const char* decode_writes_posted(std::span<const std::byte> in, WritesPosted& ou
   return nullptr;
 }
 
+std::size_t encode_ping(const Ping& m, std::span<std::byte> out) {
+  if (!m.awaiting) return 0;
+  WireWriter w(out);
+  w.u32(m.oldest_awaiting);
+  return finish(w);
+}
+
+const char* decode_ping(std::span<const std::byte> in, Ping& out) {
+  out = Ping{};
+  if (in.empty()) return nullptr;
+  WireReader r(in);
+  out.oldest_awaiting = r.u32();
+  if (!r.done()) return "ping has the wrong length";
+  out.awaiting = true;
+  return nullptr;
+}
+
 const char* to_string(RejectReason reason) {
   switch (reason) {
     case RejectReason::kBadMagic:

@@ -27,7 +27,7 @@ enum class MessageType : std::uint8_t {
   kClearToSend = 16,   // receiver -> sender: buffers posted for these sequence numbers; credits
   kReadyToSend = 17,   // sender -> receiver: size and tag where the writes cannot tell them
   kClose = 18,         // either way: the peer closed this communicator (a CloseNotice)
-  kPing = 19,          // either way, while requests wait on the peer: are you there?
+  kPing = 19,          // either way, while requests wait on the peer: are you there? (a Ping)
   kPong = 20,          // the answer (sent by the lane's progress, whatever the peer is doing)
   kWritesPosted = 21,  // sender -> receiver, answering its close notice (a WritesPosted)
 };
@@ -232,6 +232,19 @@ struct WritesPosted {
 inline constexpr std::size_t kWritesPostedBytes = 4;
 std::size_t encode_writes_posted(const WritesPosted& message, std::span<std::byte> out);
 const char* decode_writes_posted(std::span<const std::byte> in, WritesPosted& out);
+
+// A ping. A sender with messages waiting for their clearance also names the oldest: the
+// receiver announces again what it announced from there on (a clear-to-send carried on a
+// message into a receiving communicator that closed before it landed is lost; see
+// RecvCommImpl::repeat_clearances). The answer, a pong, has no body.
+struct Ping {
+  bool awaiting = false;
+  std::uint32_t oldest_awaiting = 0;
+};
+inline constexpr std::size_t kPingAwaitingBytes = 4;
+// 0 bytes (nothing awaiting) or kPingAwaitingBytes.
+std::size_t encode_ping(const Ping& message, std::span<std::byte> out);
+const char* decode_ping(std::span<const std::byte> in, Ping& out);
 
 // 0 for a span above kCloseWindow or bits set beyond it.
 std::size_t encode_close(const CloseNotice& message, std::span<std::byte> out);

@@ -9,7 +9,7 @@
 namespace loom::p2p {
 
 RecvCommImpl::RecvCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
-    : Comm(core, lane, mux::Direction::kRecv, peer), by_seq_(kSeqWindow) {}
+    : Comm(core, lane, mux::Direction::kRecv, peer), by_seq_(kSeqWindow), announced_(kSeqWindow) {}
 
 // The eager buffers' registration goes before their memory (Comm's destructor runs after
 // ours). Closed and drained: close() gave it back already; retired: the lane holds its lock.
@@ -19,6 +19,7 @@ RecvCommImpl::~RecvCommImpl() {
     return;
   }
   std::lock_guard lock(lane_->mutex());
+  lanes_.remove_control_source(peer_context_, *lane_, id_);
   RecvCommImpl::release_registrations();
 }
 
@@ -187,7 +188,7 @@ void RecvCommImpl::on_op(Request& r, std::size_t, const ofi::Completion& complet
 }
 
 void RecvCommImpl::on_control(const mux::ControlHeader& header, std::span<const std::byte> body) {
-  if (on_liveness(header)) return;
+  if (on_liveness(header, body)) return;
   switch (static_cast<MessageType>(header.type)) {
     case MessageType::kReadyToSend:
       on_ready_to_send(body);

@@ -27,6 +27,7 @@ class RecvCommImpl final : public Comm {
   void on_remote_write(mux::WriteImmediate immediate) override;
   [[nodiscard]] bool drained() const noexcept override;
   void abandon_registrations() noexcept override;
+  std::size_t take_carried_control(std::span<std::byte> out, std::uint64_t& target_lane) override;
 
  private:
   // One buffer of a request.
@@ -65,6 +66,9 @@ class RecvCommImpl final : public Comm {
   // it is full).
   void announce(Request& request);
   void send_control_batch() override;  // the clear-to-sends and the credits granted
+  std::size_t encode_batch(std::span<std::byte> out);
+  void batch_left(Status status);
+  void repeat_clearances(std::uint32_t from) override;
   // eager.cpp
   void post_eager_buffers();                    // every idle one the lane's share allows
   bool post_eager_buffer(EagerBuffer& buffer);  // false: it stays idle
@@ -91,6 +95,16 @@ class RecvCommImpl final : public Comm {
   ClearToSend batch_;             // entries not sent yet
   std::vector<PartRef> batched_;  // the buffers they describe
   std::size_t batch_limit_ = 0;
+  // What each buffer's announcement said, by seq % kSeqWindow, for repeat_clearances: the
+  // buffer's request may be finished and reused by then.
+  struct Announced {
+    std::uint32_t seq = 0;
+    std::uint64_t size = 0;
+    std::uint32_t tag = 0;
+    bool refused = false;
+    bool valid = false;
+  };
+  std::vector<Announced> announced_;
   // Eager buffers: LOOM_EAGER_CREDITS of eager_size_ bytes in one registration. Those not
   // posted or held are idle.
   std::size_t eager_size_ = 0;

@@ -43,6 +43,11 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
                                         std::to_string(max_msg) + " bytes (max_msg_size of " +
                                         settings_.provider + ")");
   }
+  // A clearance that came carried on the peer's last message waits in our inbox (our receiving
+  // lane put it there). A message that cannot go ahead on a credit needs it now; one that can
+  // leaves at once and meets its clearance at the next progress. Before this message has a
+  // sequence number: what the inbox holds settles only messages posted before it.
+  if (credits_ == 0 || size > eager_size_ || size > eager_max_) lane_->drain_inbox();
   Request* r = allocate(RequestKind::kSend);
   if (r == nullptr) [[unlikely]] {
     return reject(Status::kRetry, "isend: " + std::to_string(kMaxRequests) +
@@ -157,7 +162,7 @@ void SendCommImpl::on_op(Request& r, std::size_t, const ofi::Completion& complet
 }
 
 void SendCommImpl::on_control(const mux::ControlHeader& header, std::span<const std::byte> body) {
-  if (on_liveness(header)) return;
+  if (on_liveness(header, body)) return;
   const auto type = static_cast<MessageType>(header.type);
   if (type == MessageType::kClose) {
     on_peer_close(body);

@@ -4,8 +4,10 @@
 // and the dispatch of events to those.
 #pragma once
 
+#include <array>
 #include <vector>
 
+#include "mux/carried_control.hpp"
 #include "p2p/comm.hpp"
 #include "p2p/verdict.hpp"
 
@@ -40,9 +42,11 @@ class SendCommImpl final : public Comm {
   // clear_to_send.cpp
   void on_clear_to_send(std::span<const std::byte> body);
   void match(Request& request);
+  bool awaiting_clearance(std::uint32_t& oldest) const noexcept override;
   // eager.cpp
   [[nodiscard]] bool eager_fits(const Part& part) const noexcept;
   void post_eager(Request& request);
+  std::size_t fill_carrier(const Part& part);
   void send_ahead_waiting();
   void settle_sent_ahead(Request& request, const Clearance& clearance);
   // rendezvous.cpp
@@ -69,6 +73,12 @@ class SendCommImpl final : public Comm {
   std::vector<std::uint8_t> writes_posted_;  // writes posted for each seq, by seq % kSeqWindow
   ReadyToSend batch_;                        // ready-to-sends not sent yet
   std::vector<Request*> batched_;            // the requests they belong to
+  // Carried control (eager.cpp, fill_carrier): the message being built, and a control message
+  // taken from a receiving communicator that no inject has carried yet.
+  std::vector<std::byte> carrier_;
+  std::array<std::byte, mux::kMaxCarriedControl> held_control_{};
+  std::size_t carried_length_ = 0;
+  std::uint64_t carried_lane_ = 0;
 };
 
 }  // namespace loom::p2p

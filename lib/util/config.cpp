@@ -184,7 +184,12 @@ constexpr Row kTable[] = {
     "rest wait for the announcement and go by RDMA write; 0 = every message waits"),
   number<&Config::inject_max, 0, 1ull << 20>("LOOM_INJECT_MAX", "4k",
     "largest eager message sent by fi_tinjectdata (no send completion) where the provider's "
-    "inject size allows it (shm: 4 KiB, rxm: 64 B); 0 = never"),
+    "inject size allows it (loom asks the provider for this much; shm grants 4 KiB, "
+    "tcp;ofi_rxm up to its buffer size); 0 = never"),
+  number<&Config::carry_control, 0, 2>("LOOM_CARRY_CONTROL", "1",
+    "clear-to-sends ride inside eager messages going the other way to the same peer instead of "
+    "as messages of their own: 1 = where that saves the provider work (not shm, whose messages "
+    "cost less than carrying them), 2 = always, 0 = never"),
   number<&Config::min_stripe, 4096, kMaxBytes>("LOOM_MIN_STRIPE", "256k",
     "smallest piece a rendezvous message is split into across data rails"),
   number<&Config::mr_cache_entries, 1, 1u << 20>("LOOM_MR_CACHE_ENTRIES", "1024",

@@ -1,6 +1,8 @@
 // The per-communicator control bodies: clear-to-send (receiver to sender), ready-to-send
 // (sender to receiver) and the close notice (either way). Every input goes through every
 // decoder.
+#include <algorithm>
+
 #include "fuzz.hpp"
 #include "mux/routing.hpp"
 
@@ -111,6 +113,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   loom::fuzz::check_decode(in, cts, decode_cts, encode_cts, same_cts, cts_fits);
   loom::fuzz::check_decode(in, rts, decode_rts, encode_rts, same_rts, rts_fits);
   loom::fuzz::check_decode(in, close, decode_close, encode_close, same_close, close_fits);
+  Ping ping;
+  if (decode_ping(in, ping) == nullptr) {
+    std::byte out[kPingAwaitingBytes];
+    const std::size_t n = encode_ping(ping, out);
+    loom::fuzz::require(n == in.size() && std::equal(out, out + n, in.begin()),
+                        "a decoded ping re-encodes to the same bytes");
+  }
   const std::size_t close_expected = close_notice_bytes(close.span);
   loom::fuzz::check_encode(close, close_fits(close), close_expected,
                            loom::fuzz::make_room(source, close_expected), decode_close,

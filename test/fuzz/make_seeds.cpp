@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "mux/carried_control.hpp"
 #include "mux/control_channel.hpp"
 #include "p2p/messages.hpp"
 
@@ -149,6 +150,24 @@ std::vector<Seed> seeds() {
                                      rts({{.seq = 7, .size = 1u << 24, .tag = 1, .stripes = 2}}))});
   s.push_back({"control_header/cts", control(static_cast<std::uint8_t>(MessageType::kClearToSend),
                                              encoded(cts(1, 2), encode_cts))});
+
+  // A carrier: 8 payload bytes, a clear-to-send, the trailer naming lane 7.
+  {
+    Bytes carrier = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4},
+                     std::byte{5}, std::byte{6}, std::byte{7}, std::byte{8}};
+    const Bytes message = control(static_cast<std::uint8_t>(MessageType::kClearToSend),
+                                  encoded(cts(1, 1), encode_cts));
+    carrier.insert(carrier.end(), message.begin(), message.end());
+    carrier.resize(carrier.size() + loom::mux::kCarrierTrailerBytes);
+    loom::mux::encode_carrier_trailer(
+        {carrier.data() + carrier.size() - loom::mux::kCarrierTrailerBytes,
+         loom::mux::kCarrierTrailerBytes},
+        7, message.size());
+    s.push_back({"carrier/cts-after-8-bytes", carrier});
+  }
+  s.push_back({"control_header/ping-awaiting",
+               control(static_cast<std::uint8_t>(MessageType::kPing),
+                       encoded(Ping{.awaiting = true, .oldest_awaiting = 77}, encode_ping))});
 
   // fuzz_wire reads a buffer size, bytes, then operations; a counting pattern exercises them all.
   Bytes counting(160);

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ofi/nic.hpp"
 #include "ofi/selection.hpp"
 #include "util/env.hpp"
 
@@ -104,6 +105,21 @@ TEST_CASE("provider settings: opening NICs leaves the environment untouched", "[
   CHECK_FALSE(nics.empty());
   CHECK(env("FI_OFI_RXM_USE_SRX") == "<unset>");
   CHECK(env("FI_CXI_RX_MATCH_MODE") == "<unset>");
+}
+
+// tcp;ofi_rxm reports an inject size of 64 bytes unless asked for more: loom asks for
+// LOOM_INJECT_MAX and room for a control message beside it, so that small messages (and the
+// control messages they carry) leave without a completion to reap.
+TEST_CASE("inject size: the provider is asked for LOOM_INJECT_MAX", "[profile]") {
+  for (const std::size_t wanted : {std::size_t{4096}, std::size_t{1024}}) {
+    loom::Config config;
+    config.provider = "tcp";
+    config.nics = {"lo"};
+    config.inject_max = wanted;
+    const auto nics = loom::ofi::open_nics(config);
+    REQUIRE_FALSE(nics.empty());
+    CHECK(nics.front()->attributes().inject_size == wanted + loom::ofi::kInjectHeadroom);
+  }
 }
 
 TEST_CASE("provider leftovers: a dead process's shm regions go, a running one's stay",

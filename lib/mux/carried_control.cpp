@@ -1,0 +1,36 @@
+#include "mux/carried_control.hpp"
+
+#include "util/wire.hpp"
+
+namespace loom::mux {
+
+bool encode_carrier_trailer(std::span<std::byte> out, std::uint64_t target_lane,
+                            std::size_t control_length) noexcept {
+  if (control_length < kControlHeaderBytes || control_length > kMaxCarriedControl) return false;
+  util::WireWriter w(out);
+  w.u64(target_lane);
+  w.u16(static_cast<std::uint16_t>(control_length));
+  w.u16(kCarrierMagic);
+  return w.ok();
+}
+
+const char* decode_carrier(std::span<const std::byte> received, CarriedControl& out) noexcept {
+  if (received.size() < kCarrierTrailerBytes + kControlHeaderBytes)
+    return "a carrier shorter than its trailer";
+  util::WireReader r(received.last(kCarrierTrailerBytes));
+  const std::uint64_t lane = r.u64();
+  const std::size_t length = r.u16();
+  const std::uint16_t magic = r.u16();
+  if (!r.done() || magic != kCarrierMagic) return "a carrier trailer with a bad magic";
+  if (length < kControlHeaderBytes || length > kMaxCarriedControl ||
+      length > received.size() - kCarrierTrailerBytes) {
+    return "a carried control message of a bad length";
+  }
+  const std::size_t payload = received.size() - kCarrierTrailerBytes - length;
+  const std::span<const std::byte> message = received.subspan(payload, length);
+  if (!decode_control_header(message)) return "a carried control message with a bad header";
+  out = CarriedControl{.payload_length = payload, .target_lane = lane, .message = message};
+  return nullptr;
+}
+
+}  // namespace loom::mux
