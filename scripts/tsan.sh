@@ -3,7 +3,7 @@
 # ThreadSanitizer in build-tsan/ and runs the tests that drive communicators from several
 # threads at once (p2p-threads-* on every local provider) plus a few single-threaded two-process
 # tests that exercise the shared lanes' locking (a window of mixed sizes, 64 communicators on 4
-# lanes). Arguments replace that list of tests (e.g. `scripts/tsan.sh p2p-threads-tcp`) or add
+# lanes, control messages carried between a process's lanes). Arguments replace that list of tests (e.g. `scripts/tsan.sh p2p-threads-tcp`) or add
 # `meson test` options. Ends with one line "N passed, N failed[, N skipped]"; exits non-zero on
 # any failure or data race.
 set -euo pipefail
@@ -27,7 +27,8 @@ if [ $# -gt 0 ]; then
 else
   # Those of the list this build has (epmr is built only where its build dependencies are).
   listed=$(meson test -C "$build" --no-rebuild --list 2>/dev/null)
-  for t in p2p-threads-tcp p2p-threads-shm p2p-threads-epmr p2p-window-tcp mux-grouped64-tcp; do
+  for t in p2p-threads-tcp p2p-threads-shm p2p-threads-epmr p2p-window-tcp mux-grouped64-tcp \
+           p2p-carried-tcp; do
     grep -q " / $t\$" <<<"$listed" && tests+=("$t")
   done
 fi

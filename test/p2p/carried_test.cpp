@@ -23,6 +23,20 @@ Config carried_config() {
   return config;
 }
 
+// A rank's context, connected to the peer's both ways.
+struct Ends {
+  Context context;
+  Listener listener;
+  Connector connector;
+  CommPair pair;
+  Ends(Channel& channel, const Config& config, const std::string& what)
+      : context(config),
+        listener(context.listen()),
+        // Handles cross before either rank connects.
+        connector((send_handle(channel, listener.handle()), context.connect(recv_handle(channel)))),
+        pair(connect_both(connector, listener, what)) {}
+};
+
 // Eager sizes that carry (with the batch beside them they fit in a 4 KiB inject), eager sizes
 // that do not, and rendezvous ones.
 constexpr std::size_t kSizes[] = {0, 1, 8, 100, 1000, 3000, 5000, 16 * 1024, 40000};
@@ -36,13 +50,9 @@ std::uint64_t seed(std::size_t round, bool ping) {
 // One rank's side of a ping-pong in which every message is verified and each round's size
 // changes; the client pings, the server answers. Both post the next receive before they send.
 void ping_pong(Channel& channel, bool client) {
-  Context context(carried_config());
-  Listener listener = context.listen();
-  send_handle(channel, listener.handle());
-  Connector connector = context.connect(recv_handle(channel));
-  CommPair pair = connect_both(connector, listener, "carried ping-pong connect");
-  auto& out = pair.out;  // named references: lambdas cannot capture structured bindings
-  auto& in = pair.in;
+  Ends ends(channel, carried_config(), "carried ping-pong connect");
+  auto& out = ends.pair.out;
+  auto& in = ends.pair.in;
   std::vector<std::byte> send_buffer(kLargest), recv_buffer(kLargest);
   const MemoryRegion send_region = out->register_memory(send_buffer.data(), kLargest);
   const MemoryRegion recv_region = in->register_memory(recv_buffer.data(), kLargest);
@@ -94,7 +104,7 @@ void ping_pong(Channel& channel, bool client) {
           "fewer batches carried (" + std::to_string(received.cts_carried) + ") than sent (" +
               std::to_string(received.cts_sent) + ")");
   std::uint64_t inbox = 0;
-  for (const auto& lane : context.stats().lanes) inbox += lane.carried_control;
+  for (const auto& lane : ends.context.stats().lanes) inbox += lane.carried_control;
   require(inbox >= carrying / 2,
           "the send lane took " + std::to_string(inbox) + " control messages from its inbox");
   channel.barrier();
@@ -105,13 +115,9 @@ void ping_pong(Channel& channel, bool client) {
 // lost. The server's next message waits for that announcement: its pings name it, and the
 // client announces it again.
 void lost_carrier(Channel& channel, bool client) {
-  Context context(carried_config());
-  Listener listener = context.listen();
-  send_handle(channel, listener.handle());
-  Connector connector = context.connect(recv_handle(channel));
-  CommPair pair = connect_both(connector, listener, "lost carrier connect");
-  auto& out = pair.out;
-  auto& in = pair.in;
+  Ends ends(channel, carried_config(), "lost carrier connect");
+  auto& out = ends.pair.out;
+  auto& in = ends.pair.in;
   exchange(*out, *in, client ? 1 : 2, client ? 2 : 1, 64);  // credits granted both ways
   channel.barrier();
   constexpr std::size_t kSize = 8;
@@ -125,12 +131,9 @@ void lost_carrier(Channel& channel, bool client) {
     Request* r = nullptr;
     require(out->isend(send_buffer.data(), kSize, 5, send_region, r) == Status::kOk,
             out->last_error());
-    // Without the repeat this waits for good: the peer is alive and answers every ping.
-    const auto start = std::chrono::steady_clock::now();
+    // Without the repeat this waits for good: the peer is alive and answers every ping. With
+    // it, one ping interval (500 ms) and a round trip.
     finish(*out, r, Status::kOk, 20s);
-    const auto waited = std::chrono::steady_clock::now() - start;
-    INFO("waited " << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()
-                   << " ms");
     // The client keeps progressing (its receive of this one) until the first send is done.
     fill_pattern(send_buffer, 13);
     require(out->isend(send_buffer.data(), kSize, 6, send_region, r) == Status::kOk,
@@ -181,11 +184,8 @@ void lost_carrier(Channel& channel, bool client) {
 void both_ways(Channel& channel, std::uint64_t me, std::uint64_t peer) {
   Config config = carried_config();
   config.eager_credits = 4;
-  Context context(config);
-  Listener listener = context.listen();
-  send_handle(channel, listener.handle());
-  Connector connector = context.connect(recv_handle(channel));
-  CommPair pair = connect_both(connector, listener, "both ways connect");
+  Ends ends(channel, config, "both ways connect");
+  CommPair& pair = ends.pair;
   constexpr std::size_t kWindow = 48;
   constexpr std::size_t kWindows = 6;
   constexpr std::size_t kSlot = 2048;
@@ -215,7 +215,6 @@ void both_ways(Channel& channel, std::uint64_t me, std::uint64_t peer) {
     }
     channel.barrier();
   }
-  INFO("carried " << pair.in->stats().cts_carried);
 }
 
 }  // namespace
