@@ -7,7 +7,11 @@
 // the control message, header and all, and a trailer naming the lane it is for on the
 // receiving host:
 //
-//   payload | control header + body | target lane id (u64) | control length (u16) | magic (u16)
+//   payload | control header + body | padding | target lane id (u64) | control length (u16) |
+//   padding length (u16) | magic (u16)
+//
+// Padding (zeros, up to kMaxCarrierPadding) is for providers that deliver small messages slower
+// than larger ones (providers/profile.hpp, min_carrier_bytes).
 //
 // The receiving communicator strips it and posts it to the target lane's inbox
 // (LaneRegistry::post_carried); that lane dispatches it like one from its control rails.
@@ -22,7 +26,8 @@
 namespace loom::mux {
 
 inline constexpr std::uint16_t kCarrierMagic = 0x4343;  // "CC"
-inline constexpr std::size_t kCarrierTrailerBytes = 8 + 2 + 2;
+inline constexpr std::size_t kCarrierTrailerBytes = 8 + 2 + 2 + 2;
+inline constexpr std::size_t kMaxCarrierPadding = 256;
 // A carried control message, header included, is at most this long: a clear-to-send of a few
 // entries. A larger batch goes on the control rails.
 inline constexpr std::size_t kMaxCarriedControl = 512;
@@ -33,7 +38,7 @@ static_assert(kMaxCarriedControl + kCarrierTrailerBytes <= 1024);
 // Writes the trailer after a control message of `control_length` bytes; false if `out` is too
 // small or the length out of range.
 bool encode_carrier_trailer(std::span<std::byte> out, std::uint64_t target_lane,
-                            std::size_t control_length) noexcept;
+                            std::size_t control_length, std::size_t padding) noexcept;
 
 struct CarriedControl {
   std::size_t payload_length = 0;      // the application's bytes, at the start

@@ -37,8 +37,9 @@ struct NicAttributes {
   std::size_t tag_bits = 0;  // usable tag bits (from mem_tag_format, at most 64)
   std::size_t inject_size = 0;
   std::size_t max_msg_size = 0;
-  bool carry_control = true;         // the provider profile's (providers/profile.hpp)
-  std::uint64_t link_speed_bps = 0;  // nic->link_attr->speed where the provider reports it; 0: not
+  bool carry_control = true;          // the provider profile's (providers/profile.hpp)
+  std::size_t min_carrier_bytes = 0;  // the provider profile's
+  std::uint64_t link_speed_bps = 0;   // nic->link_attr->speed where the provider reports it; 0: not
   std::size_t max_tx_depth = 0;
   std::size_t max_rx_depth = 0;
   std::size_t max_endpoints = 0;

@@ -126,6 +126,7 @@ void Comm::connect_peer(const LaneAddresses& peer) {
   carry_control_ = settings_.carry_control == 2 ||
                    (settings_.carry_control == 1 && rails.data(0).nic().attributes().carry_control);
   inject_size_ = rails.data(0).nic().attributes().inject_size;
+  min_carrier_ = rails.data(0).nic().attributes().min_carrier_bytes;
   for (std::size_t i = 0; i < data_rails_; ++i) {
     peer_data_.push_back(lane_->acquire_peer(i, peer.data[i]));
     inject_max_ = std::min(inject_max_, rails.data(i).nic().attributes().inject_size);

@@ -204,6 +204,7 @@ class Comm : public mux::CommPort {
   std::size_t inject_max_ = 0;   // eager sends up to this size are injected (no completion)
   std::size_t inject_size_ = 0;  // what the provider injects (a payload and a carried message)
   bool carry_control_ = false;   // sends carry control messages (LOOM_CARRY_CONTROL, profile)
+  std::size_t min_carrier_ = 0;  // a carrier is padded to this many bytes (provider profile)
   bool closed_ = false;
   PeerState peer_ = PeerState::kConnected;
   std::string peer_gone_;                                 // why, once peer_ is not kConnected

@@ -100,9 +100,16 @@ std::size_t SendCommImpl::fill_carrier(const Part& part) {
   }
   if (part.size != 0) std::memcpy(carrier_.data(), part.data, part.size);
   std::memcpy(carrier_.data() + part.size, held_control_.data(), carried_length_);
-  const std::size_t end = part.size + carried_length_;
+  std::size_t end = part.size + carried_length_;
+  // Padding where the provider delivers small messages slower than larger ones (profile).
+  std::size_t padding = 0;
+  if (end + mux::kCarrierTrailerBytes < min_carrier_ && min_carrier_ <= limit) {
+    padding = std::min(min_carrier_ - end - mux::kCarrierTrailerBytes, mux::kMaxCarrierPadding);
+    std::memset(carrier_.data() + end, 0, padding);
+    end += padding;
+  }
   mux::encode_carrier_trailer({carrier_.data() + end, mux::kCarrierTrailerBytes}, carried_lane_,
-                              carried_length_);
+                              carried_length_, padding);
   return end + mux::kCarrierTrailerBytes;
 }
 

@@ -14,8 +14,11 @@ using loom::fuzz::require;
 void check_decode(std::span<const std::byte> in) {
   CarriedControl carried;
   if (decode_carrier(in, carried) != nullptr) return;
-  require(carried.payload_length + carried.message.size() + kCarrierTrailerBytes == in.size(),
-          "payload, control message and trailer are the whole message");
+  require(
+      carried.payload_length + carried.message.size() + kCarrierTrailerBytes <= in.size() &&
+          in.size() - (carried.payload_length + carried.message.size() + kCarrierTrailerBytes) <=
+              kMaxCarrierPadding,
+      "payload, control message, padding and trailer are the whole message");
   require(carried.message.data() == in.data() + carried.payload_length,
           "the control message follows the payload");
   require(carried.message.size() <= kMaxCarriedControl, "the control message is bounded");
@@ -24,24 +27,26 @@ void check_decode(std::span<const std::byte> in) {
           "the control header covers the carried message");
 }
 
-// payload | header + body | trailer, built from the input: decodes back to its parts, and a
-// message one byte shorter does not decode to the same control message.
+// payload | header + body | padding | trailer, built from the input: decodes back to its parts,
+// and a message one byte shorter does not decode to the same control message.
 void check_encode(loom::fuzz::ByteSource& source) {
   const std::size_t payload = source.take<std::uint16_t>() % 5000;
   const std::size_t body = source.take<std::uint16_t>() % (kMaxCarriedControl + 8);
   const std::uint64_t lane = source.take<std::uint64_t>();
+  const std::size_t padding = source.u8() % 2 == 0 ? 0 : source.take<std::uint16_t>() % 300;
   const ControlHeader header{.type = source.u8(),
                              .comm = source.take<CommId>(),
                              .length = static_cast<std::uint16_t>(body)};
   std::vector<std::byte> message = source.bytes(payload);
   const std::size_t at = message.size();
-  message.resize(at + kControlHeaderBytes + body + kCarrierTrailerBytes);
+  message.resize(at + kControlHeaderBytes + body + padding + kCarrierTrailerBytes);
   require(encode_control_header({message.data() + at, kControlHeaderBytes}, header),
           "the header fits");
   const std::size_t control = kControlHeaderBytes + body;
-  const bool ok =
-      encode_carrier_trailer({message.data() + at + control, kCarrierTrailerBytes}, lane, control);
-  require(ok == (control <= kMaxCarriedControl), "a trailer is written for a bounded message");
+  const bool ok = encode_carrier_trailer(
+      {message.data() + at + control + padding, kCarrierTrailerBytes}, lane, control, padding);
+  require(ok == (control <= kMaxCarriedControl && padding <= kMaxCarrierPadding),
+          "a trailer is written for a bounded message and padding");
   if (!ok) return;
   CarriedControl carried;
   const char* why = decode_carrier(message, carried);

@@ -151,19 +151,21 @@ std::vector<Seed> seeds() {
   s.push_back({"control_header/cts", control(static_cast<std::uint8_t>(MessageType::kClearToSend),
                                              encoded(cts(1, 2), encode_cts))});
 
-  // A carrier: 8 payload bytes, a clear-to-send, the trailer naming lane 7.
-  {
+  // Carriers: 8 payload bytes and a clear-to-send, the trailer naming lane 7; then the same
+  // padded as tcp pads it.
+  for (const std::size_t padding : {std::size_t{0}, std::size_t{170}}) {
     Bytes carrier = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4},
                      std::byte{5}, std::byte{6}, std::byte{7}, std::byte{8}};
     const Bytes message = control(static_cast<std::uint8_t>(MessageType::kClearToSend),
                                   encoded(cts(1, 1), encode_cts));
     carrier.insert(carrier.end(), message.begin(), message.end());
-    carrier.resize(carrier.size() + loom::mux::kCarrierTrailerBytes);
+    carrier.resize(carrier.size() + padding + loom::mux::kCarrierTrailerBytes);
     loom::mux::encode_carrier_trailer(
         {carrier.data() + carrier.size() - loom::mux::kCarrierTrailerBytes,
          loom::mux::kCarrierTrailerBytes},
-        7, message.size());
-    s.push_back({"carrier/cts-after-8-bytes", carrier});
+        7, message.size(), padding);
+    s.push_back(
+        {padding == 0 ? "carrier/cts-after-8-bytes" : "carrier/cts-after-8-bytes-padded", carrier});
   }
   s.push_back({"control_header/ping-awaiting",
                control(static_cast<std::uint8_t>(MessageType::kPing),
