@@ -199,15 +199,12 @@ Status Comm::reject(Status status, std::string text) {
 }
 
 Request* Comm::allocate(RequestKind kind) {
-  // The peer's silence counts only while something waits on it.
+  // The peer's silence counts only while something waits on it (from the next check_peer).
   const bool idle = requests_.all_free();
   Request* taken = requests_.take();
   if (taken == nullptr) [[unlikely]]
     return nullptr;
-  if (idle) {
-    last_heard_ = std::chrono::steady_clock::now();
-    next_ping_ = last_heard_ + settings_.peer_timeout / 4;
-  }
+  if (idle) since_check_ = SinceCheck::kWaitBegan;
   Request& r = *taken;
   r.kind = kind;
   r.in_use = true;

@@ -19,7 +19,7 @@ void Comm::peer_lost(std::string why, bool warn) {
 }
 
 bool Comm::on_liveness(const mux::ControlHeader& header, std::span<const std::byte> body) {
-  last_heard_ = std::chrono::steady_clock::now();
+  if (since_check_ == SinceCheck::kNothing) since_check_ = SinceCheck::kHeard;
   const auto type = static_cast<MessageType>(header.type);
   if (type == MessageType::kPing) {
     // Lost to back-pressure, the next ping asks again.
@@ -39,6 +39,18 @@ void Comm::check_peer() {
   if (peer_ == PeerState::kLost || closed_ || peer_control_.empty()) return;
   const auto now = std::chrono::steady_clock::now();
   const auto timeout = settings_.peer_timeout;
+  // Heard of (or waiting) since the last check: as if at this one, at most a check late.
+  switch (since_check_) {
+    case SinceCheck::kWaitBegan:
+      next_ping_ = now + timeout / 4;
+      [[fallthrough]];
+    case SinceCheck::kHeard:
+      last_heard_ = now;
+      break;
+    case SinceCheck::kNothing:
+      break;
+  }
+  since_check_ = SinceCheck::kNothing;
   if (peer_ == PeerState::kClosed) {
     // What the notice left pending had that long to finish.
     if (now > close_deadline_) settle_after_close();

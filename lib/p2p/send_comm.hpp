@@ -48,6 +48,7 @@ class SendCommImpl final : public Comm {
   void post_eager(Request& request);
   std::size_t fill_carrier(const Part& part);
   void send_ahead_waiting();
+  void collect_clearance(Request& request);
   void settle_sent_ahead(Request& request, const Clearance& clearance);
   // rendezvous.cpp
   void queue_ready_to_send(Request& request);

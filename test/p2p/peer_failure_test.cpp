@@ -4,6 +4,7 @@
 // closes cleanly, and its context goes on to carry verified bytes on new communicators.
 #include <chrono>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -163,6 +164,53 @@ TEST_CASE("p2p a peer killed during a rendezvous send fails the survivor's reque
   INFO(failure);
   CHECK(failure.find("killed by signal 9") != std::string::npos);
   CHECK(failure.find("parent failed") == std::string::npos);
+}
+
+// The other side of the bound: a live peer is never taken as dead. The clock is read at the
+// liveness checks only, so what happened between two of them (a wait began, the peer was heard
+// from) must count as of the next check, not as of the last one.
+TEST_CASE("p2p a live peer is not taken as dead after an idle spell or during a long wait",
+          "[peer-failure]") {
+  constexpr unsigned kShortTimeoutMs = 300;
+  Config config = test_config();
+  config.peer_timeout_ms = kShortTimeoutMs;
+  Context context(config);
+  Listener listener = context.listen();
+  Connector connector = context.connect(listener.handle());
+  auto [out, in] = connect_both(connector, listener, "a pair to itself");
+  exchange(*out, *in, 41, 41, 1000);
+
+  // Idle (nothing pending, nothing polled) for three timeouts: the silence did not count.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3 * kShortTimeoutMs));
+  exchange(*out, *in, 42, 42, 1000);
+
+  // A receive that waits three timeouts for its message: the peer answers the pings meanwhile.
+  std::vector<std::byte> sent(1000), received(1000);
+  fill_pattern(sent, 43);
+  MemoryRegion send_region = out->register_memory(sent.data(), sent.size());
+  MemoryRegion recv_region = in->register_memory(received.data(), received.size());
+  RecvBuffer target{received.data(), received.size(), 1, recv_region};
+  Request* receive = nullptr;
+  require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(3 * kShortTimeoutMs);
+  while (std::chrono::steady_clock::now() < until) {
+    bool done = false;
+    require(in->test(receive, done, {}) == Status::kOk,
+            "a live peer taken as dead: " + in->last_error());
+    require(!done, "a receive finished with nothing sent");
+  }
+  Request* send = nullptr;
+  require(out->isend(sent.data(), sent.size(), 1, send_region, send) == Status::kOk,
+          out->last_error());
+  finish(*out, send);
+  require(finish(*in, receive) == sent.size(), "wrong size");
+  const std::string error = check_pattern(received, 43);
+  require(error.empty(), error);
+  out->deregister(send_region);
+  in->deregister(recv_region);
+  out->close();
+  in->close();
 }
 
 TEST_CASE("p2p a listener killed before accepting fails the connect in bounds", "[peer-failure]") {
