@@ -148,6 +148,7 @@ class RequestPool {
            (at - first) % sizeof(Request) == 0;
   }
   [[nodiscard]] bool all_free() const noexcept { return free_.size() == requests_.size(); }
+  [[nodiscard]] std::size_t in_use() const noexcept { return requests_.size() - free_.size(); }
   [[nodiscard]] std::span<Request> built() noexcept { return requests_; }
   [[nodiscard]] std::span<const Request> built() const noexcept { return requests_; }
 
