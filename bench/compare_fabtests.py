@@ -9,7 +9,7 @@ virtual machine whole runs slow down by half now and then, and a short run is al
 other.
 
   FABTESTS_BIN=/tmp/fabtests/bin bench/compare_fabtests.py [--providers tcp,shm] [--reps 3]
-  FABTESTS_BIN=... bench/compare_fabtests.py --latency [--lat-sizes 8,256,4k,16k]
+  FABTESTS_BIN=... bench/compare_fabtests.py --latency [--lat-sizes 8,256,4k,16k] [--show-runs]
 
 --latency prints one-way latency instead, against fi_rdm_tagged_pingpong: both tools run the
 same untimed warmup rounds (-w) and timed rounds (-I / fi_p2p_bw --lat-iters), and both report
@@ -114,6 +114,9 @@ def latency_tables(args, fabtests, tmp):
             l, f = statistics.median(loom), statistics.median(ft)
             paired = statistics.median(a / b for a, b in zip(loom, ft))
             print(f"{size:>6} {l:8.2f} {f:12.2f} {l / f:14.2f} {paired:7.2f}", flush=True)
+            if args.show_runs:
+                print("         runs (loom/pingpong us): " +
+                      " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(loom, ft)), flush=True)
 
 
 def run_loom(binary, provider, size, json_path):
@@ -137,6 +140,9 @@ def main():
     parser.add_argument("--lat-sizes", default="8,256,4k,16k")
     parser.add_argument("--lat-iters", type=int, default=10000)
     parser.add_argument("--lat-warmup", type=int, default=100)
+    parser.add_argument("--show-runs", action="store_true",
+                        help="--latency: also print every repetition's figures (this VM's slow "
+                             "periods show as runs far from the others)")
     args = parser.parse_args()
     fabtests = os.environ.get("FABTESTS_BIN")
     if not fabtests:
