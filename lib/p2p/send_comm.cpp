@@ -69,7 +69,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
     send_ahead_waiting();  // this one too, on a credit, unless older ones wait for credits
   }
   advance(*r);
-  if (r->parts[0].send == SendState::kSentAhead && requests_.in_use() == 1) collect_clearance(*r);
+  if (r->parts[0].send == SendState::kSentAhead) collect_clearance(*r);
   request = r;
   lock.unlock();
   // Clear-to-sends batched on our receive lanes follow this message: the peer may be waiting
