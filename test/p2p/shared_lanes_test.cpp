@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -29,7 +30,8 @@ Config hub_config() {
   return config;
 }
 
-// A peer's two communicators with the hub: one each way.
+// A peer's two communicators with the hub: one each way. Declared after the transfers that use
+// them, so that a failure closes them before it frees buffers their receives may still write.
 struct HubLink {
   std::unique_ptr<SendComm> out;
   std::unique_ptr<RecvComm> in;
@@ -105,6 +107,7 @@ bool step(Transfer& t) {
   if (t.status != Status::kOk) t.done = true;
   if (!t.done) return false;
   t.ended = std::chrono::steady_clock::now();
+  t.comm->deregister(t.region);  // before the buffer is freed: a registration pins it
   if (t.status == Status::kOk && t.receive) {
     require(size == t.buffer.size(), "received " + std::to_string(size) + " bytes, expected " +
                                          std::to_string(t.buffer.size()));
@@ -157,11 +160,18 @@ std::size_t endpoints(const ContextStats& stats) {
   return total;
 }
 
+// Hub and peers start their traffic together: the hub progresses no lane while it links
+// the other peers, so a peer that waited on it meanwhile could take it for dead.
+void start_together(std::span<Channel> channels) {
+  for (Channel& channel : channels) channel.barrier();
+}
+
 void peer_exchanges(Channel& channel, std::size_t index) {
   Context context(hub_config());
   Listener listener = context.listen();
-  HubLink link = join_hub(context, listener, channel);
   std::vector<Transfer> transfers;
+  HubLink link = join_hub(context, listener, channel);
+  channel.barrier();  // start_together
   post_exchange(transfers, link, index, false);
   finish_all(transfers, "peer " + std::to_string(index) + "'s messages");
   channel.barrier();
@@ -173,15 +183,16 @@ TEST_CASE("p2p shared lanes: the hub's communicators to 4 peers share one lane e
   const auto hub = [&](std::span<Channel> channels) {
     Context context(hub_config());
     Listener listener = context.listen();
+    std::vector<Transfer> transfers;
     std::vector<HubLink> links;
     for (Channel& channel : channels) links.push_back(link_peer(context, listener, channel));
+    start_together(channels);
     const ContextStats stats = context.stats();
     require(only_lane(stats, true).peers == kPeers, "the send lane does not hold every peer");
     require(only_lane(stats, false).peers == kPeers, "the receive lane does not hold every peer");
     require(only_lane(stats, true).comms == kPeers, "send lane communicators");
     require(endpoints(stats) == 4,
             std::to_string(endpoints(stats)) + " endpoints, expected 4 (data + control, each way)");
-    std::vector<Transfer> transfers;
     for (std::size_t p = 0; p < kPeers; ++p) post_exchange(transfers, links[p], p, true);
     finish_all(transfers, "the hub's messages");
     for (Channel& channel : channels) channel.barrier();
@@ -205,15 +216,16 @@ TEST_CASE("p2p shared lanes: a peer killed mid-transfer fails only its own reque
     fill(doomed[1], kHuge, seed_of(0, false, 0));
     Context context(hub_config());
     Listener listener = context.listen();
+    std::vector<Transfer> round;
     std::vector<HubLink> links;
     for (Channel& channel : channels) links.push_back(link_peer(context, listener, channel));
+    start_together(channels);
     // Peer 0 dies while its message is being written; it never posts a receive for ours.
     post_receive(doomed[0], *links[0].in, kHuge, seed_of(0, true, 0));
     post_send(doomed[1], *links[0].out, kHuge, seed_of(0, false, 0));
     std::chrono::steady_clock::time_point died;
     std::vector<std::chrono::steady_clock::time_point> round_ends;
     std::size_t rounds = 0;
-    std::vector<Transfer> round;
     auto start_round = [&] {
       round.clear();
       for (std::size_t p = 1; p < kPeers; ++p) {
@@ -266,7 +278,9 @@ TEST_CASE("p2p shared lanes: a peer killed mid-transfer fails only its own reque
     if (index == 0) fill(doomed, kHuge, seed_of(0, true, 0));
     Context context(hub_config());
     Listener listener = context.listen();
+    std::vector<Transfer> round;
     HubLink link = join_hub(context, listener, channel);
+    channel.barrier();  // start_together
     if (index == 0) {
       post_send(doomed, *link.out, kHuge, seed_of(0, true, 0));
       poll_until([&] { return doomed.done || bytes_written(context) != 0; }, [&] { step(doomed); },
@@ -276,7 +290,7 @@ TEST_CASE("p2p shared lanes: a peer killed mid-transfer fails only its own reque
       ::raise(SIGKILL);
     }
     for (std::size_t r = 0; r < kRounds; ++r) {
-      std::vector<Transfer> round(2);
+      round.assign(2, Transfer{});
       post_receive(round[0], *link.in, 256 * 1024, seed_of(index, false, r));
       post_send(round[1], *link.out, 256 * 1024, seed_of(index, true, r));
       finish_all(round, "peer " + std::to_string(index) + "'s round " + std::to_string(r));
@@ -298,11 +312,11 @@ TEST_CASE("p2p shared lanes: a peer that leaves makes room, the next one reuses 
   const auto hub = [&](std::span<Channel> channels) {
     Context context(hub_config());
     Listener listener = context.listen();
+    std::vector<Transfer> transfers;
     HubLink first = link_peer(context, listener, channels[0]);
     const ContextStats before = context.stats();
     {
       HubLink leaving = link_peer(context, listener, channels[1]);
-      std::vector<Transfer> transfers;
       post_exchange(transfers, leaving, 1, true);
       finish_all(transfers, "the leaving peer's messages");
       require(only_lane(context.stats(), true).peers == 2, "two peers on the send lane");
@@ -320,7 +334,7 @@ TEST_CASE("p2p shared lanes: a peer that leaves makes room, the next one reuses 
         },
         [&] {
           channels[0].send_value<int>(1);
-          std::vector<Transfer> transfers;
+          transfers.clear();
           post_exchange(transfers, first, 0, true);
           finish_all(transfers, "peer 0's messages, round " + std::to_string(round++));
         },
@@ -331,7 +345,7 @@ TEST_CASE("p2p shared lanes: a peer that leaves makes room, the next one reuses 
     require(only_lane(after, true).id == only_lane(before, true).id, "send lane replaced");
     require(only_lane(after, false).id == only_lane(before, false).id, "receive lane replaced");
     require(only_lane(after, true).peers == 2, "the next peer is not on the send lane");
-    std::vector<Transfer> transfers;
+    transfers.clear();
     post_exchange(transfers, next, 2, true);
     finish_all(transfers, "the next peer's messages");
     channels[0].send_value<int>(0);  // done
@@ -340,16 +354,16 @@ TEST_CASE("p2p shared lanes: a peer that leaves makes room, the next one reuses 
   const auto peer = [&](Channel& channel, std::size_t index) {
     Context context(hub_config());
     Listener listener = context.listen();
+    std::vector<Transfer> transfers;
     HubLink link = join_hub(context, listener, channel);
     if (index == 0) {
       for (std::size_t r = 0; channel.recv_value<int>() == 1; ++r) {
-        std::vector<Transfer> transfers;
+        transfers.clear();
         post_exchange(transfers, link, 0, false);
         finish_all(transfers, "peer 0's messages, round " + std::to_string(r));
       }
       return;
     }
-    std::vector<Transfer> transfers;
     post_exchange(transfers, link, index, false);
     finish_all(transfers, "peer " + std::to_string(index) + "'s messages");
     if (index == 1) {
@@ -382,10 +396,11 @@ TEST_CASE("p2p shared lanes: a slow peer's posted receives leave room for the ot
   const auto hub = [&](std::span<Channel> channels) {
     Context context(config());
     Listener listener = context.listen();
-    HubLink slow = link_peer(context, listener, channels[0]);
-    HubLink fast = link_peer(context, listener, channels[1]);
     std::vector<std::vector<std::byte>> buffers(kRequests * kMaxRecvBuffers,
                                                 std::vector<std::byte>(kSmall));
+    std::vector<Transfer> transfers(1);
+    HubLink slow = link_peer(context, listener, channels[0]);
+    HubLink fast = link_peer(context, listener, channels[1]);
     std::vector<MemoryRegion> regions;
     std::vector<Request*> pending(kRequests);
     for (std::size_t r = 0; r < kRequests; ++r) {
@@ -399,7 +414,7 @@ TEST_CASE("p2p shared lanes: a slow peer's posted receives leave room for the ot
     }
     // Peer 1's messages, one at a time: each needs a receive posted on the shared lane.
     for (std::size_t round = 0; round < kRounds; ++round) {
-      std::vector<Transfer> transfers(1);
+      transfers.assign(1, Transfer{});
       post_receive(transfers[0], *fast.in, kSmall, seed_of(1, true, round));
       finish_all(transfers, "peer 1's message " + std::to_string(round) +
                                 " beside the slow peer's posted receives");
@@ -427,16 +442,17 @@ TEST_CASE("p2p shared lanes: a slow peer's posted receives leave room for the ot
   const auto peer = [&](Channel& channel, std::size_t index) {
     Context context(config());
     Listener listener = context.listen();
+    std::vector<Transfer> transfers;
     HubLink link = join_hub(context, listener, channel);
     if (index == 1) {
       for (std::size_t round = 0; round < kRounds; ++round) {
-        std::vector<Transfer> transfers(1);
+        transfers.assign(1, Transfer{});
         post_send(transfers[0], *link.out, kSmall, seed_of(1, true, round));
         finish_all(transfers, "a message to the hub");
       }
     } else {
       require(channel.recv_value<int>() == 1, "hub out of step");
-      std::vector<Transfer> transfers(kRequests * kMaxRecvBuffers);
+      transfers.resize(kRequests * kMaxRecvBuffers);
       for (std::size_t m = 0; m < transfers.size(); ++m) {
         Transfer& t = transfers[m];
         t.comm = link.out.get();
