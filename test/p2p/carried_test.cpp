@@ -54,6 +54,7 @@ void ping_pong(Channel& channel, bool client) {
   auto& out = ends.pair.out;
   auto& in = ends.pair.in;
   std::vector<std::byte> send_buffer(kLargest), recv_buffer(kLargest);
+  const CloseOnUnwind guard{out.get(), in.get()};
   const MemoryRegion send_region = out->register_memory(send_buffer.data(), kLargest);
   const MemoryRegion recv_region = in->register_memory(recv_buffer.data(), kLargest);
   // Each buffer the size of its message: one above the eager size is announced at once (its
@@ -122,6 +123,7 @@ void lost_carrier(Channel& channel, bool client) {
   channel.barrier();
   constexpr std::size_t kSize = 8;
   std::vector<std::byte> send_buffer(kSize), recv_buffer(kSize);
+  const CloseOnUnwind guard{out.get(), in.get()};
   fill_pattern(send_buffer, client ? 11 : 12);
   const MemoryRegion send_region = out->register_memory(send_buffer.data(), kSize);
   if (!client) {
@@ -190,6 +192,7 @@ void both_ways(Channel& channel, std::uint64_t me, std::uint64_t peer) {
   constexpr std::size_t kWindows = 6;
   constexpr std::size_t kSlot = 2048;
   std::vector<std::byte> send_buffer(kWindow * kSlot), recv_buffer(kWindow * kSlot);
+  const CloseOnUnwind guard{pair.out.get(), pair.in.get()};
   const MemoryRegion send_region =
       pair.out->register_memory(send_buffer.data(), send_buffer.size());
   const MemoryRegion recv_region = pair.in->register_memory(recv_buffer.data(), recv_buffer.size());

@@ -121,6 +121,7 @@ class Worker {
 
   void exchange() {
     std::vector<std::byte> send_slab(kWindow * kMaxSize), recv_slab(kWindow * kMaxSize);
+    const CloseOnUnwind guard{out_.get(), in_.get()};
     const MemoryRegion send_region = out_->register_memory(send_slab.data(), send_slab.size());
     const MemoryRegion recv_region = in_->register_memory(recv_slab.data(), recv_slab.size());
     std::array<Request*, kWindow> sends{}, receives{};

@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -44,6 +46,30 @@ inline std::unique_ptr<SendComm> connect_one(Context& context, const Handle& han
   poll_until([&] { return comm != nullptr; }, [&] { comm = connector.poll(); }, "connect", timeout);
   return comm;
 }
+
+// Closes communicators when the scope that declares it unwinds: their requests still in flight
+// point into buffers the unwinding frees next (posted receives, registrations, the peer's
+// writes), and close() settles them first. Declared after those buffers; a scope that ends
+// normally leaves the communicators to their owners.
+class CloseOnUnwind {
+ public:
+  explicit CloseOnUnwind(std::initializer_list<Communicator*> comms) : comms_(comms) {}
+  ~CloseOnUnwind() {
+    if (std::uncaught_exceptions() <= unwinding_) return;
+    for (Communicator* comm : comms_) {
+      try {
+        comm->close();
+      } catch (...) {  // the exception in flight says what went wrong
+      }
+    }
+  }
+  CloseOnUnwind(const CloseOnUnwind&) = delete;
+  CloseOnUnwind& operator=(const CloseOnUnwind&) = delete;
+
+ private:
+  std::vector<Communicator*> comms_;
+  int unwinding_ = std::uncaught_exceptions();
+};
 
 // A send and a receive communicator set up at once: both ends of `connector`'s connection, or
 // one each of two connections that run concurrently (poll both, neither may wait).
@@ -96,6 +122,7 @@ inline std::vector<std::uint64_t> data_rail_reads(const Context& context) {
 inline void exchange(SendComm& out, RecvComm& in, std::uint64_t out_seed, std::uint64_t in_seed,
                      std::size_t size) {
   std::vector<std::byte> send_buffer(size), recv_buffer(size);
+  const CloseOnUnwind guard{&out, &in};
   fill_pattern(send_buffer, out_seed);
   MemoryRegion send_region = out.register_memory(send_buffer.data(), size);
   MemoryRegion recv_region = in.register_memory(recv_buffer.data(), size);
