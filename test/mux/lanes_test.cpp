@@ -95,6 +95,7 @@ void receiver(Channel& channel) {
   std::vector<bool> open(kComms, true);
   check_lanes<RecvComm>(context, false, open, base);
   std::vector<std::byte> slab(kComms * kSlot);
+  const CloseOnUnwind guard{comms};  // before the slab is freed
   std::vector<MemoryRegion> regions(kComms);
   for (std::size_t i = 0; i < kComms; ++i) {
     regions[i] = comms[i]->register_memory(slab.data() + i * kSlot, kSlot);
@@ -144,6 +145,7 @@ void sender(Channel& channel) {
   std::vector<bool> open(kComms, true);
   check_lanes<SendComm>(context, true, open, base);
   std::vector<std::byte> slab(kComms * kSlot);
+  const CloseOnUnwind guard{comms};  // before the slab is freed
   std::vector<MemoryRegion> regions(kComms);
   for (std::size_t i = 0; i < kComms; ++i) {
     regions[i] = comms[i]->register_memory(slab.data() + i * kSlot, kSlot);

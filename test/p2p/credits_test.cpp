@@ -76,6 +76,7 @@ void run_late_receiver(const Layout& layout, unsigned credits, std::size_t batch
     send_handle(channel, listener.handle());
     auto in = accept_one(listener);
     std::vector<std::byte> buffer(layout.total);
+    const CloseOnUnwind guard{in.get()};
     MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
     // One message first: its progress sends the credits.
     RecvBuffer first{buffer.data(), layout.buffers[0], 1, region};
@@ -112,6 +113,7 @@ void run_late_receiver(const Layout& layout, unsigned credits, std::size_t batch
     Context context(credits_config(credits));
     auto out = connect_one(context, recv_handle(channel));
     std::vector<std::byte> buffer(layout.total);
+    const CloseOnUnwind guard{out.get()};
     for (std::size_t k = 0; k < n; ++k)
       fill_pattern({buffer.data() + layout.at[k], layout.sizes[k]}, seed_of(k));
     MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
@@ -191,6 +193,7 @@ TEST_CASE("p2p mixed eager and rendezvous messages in random order, both sides p
     send_handle(channel, listener.handle());
     auto in = accept_one(listener);
     std::vector<std::byte> buffer(layout.total);
+    const CloseOnUnwind guard{in.get()};
     MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
     std::mt19937_64 pace(7);
     for (std::size_t first = 0; first < sizes.size(); first += kWindow) {
@@ -218,6 +221,7 @@ TEST_CASE("p2p mixed eager and rendezvous messages in random order, both sides p
     Context context(credits_config(8));
     auto out = connect_one(context, recv_handle(channel));
     std::vector<std::byte> buffer(layout.total);
+    const CloseOnUnwind guard{out.get()};
     for (std::size_t k = 0; k < sizes.size(); ++k)
       fill_pattern({buffer.data() + layout.at[k], sizes[k]}, seed_of(k));
     MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
@@ -307,6 +311,7 @@ TEST_CASE("p2p a receiver dies holding messages sent ahead", "[credits]") {
     send_handle(channel, listener.handle());
     auto in = accept_one(listener);
     std::vector<std::byte> buffer(kSize);
+    const CloseOnUnwind guard{in.get()};
     MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
     for (std::size_t k = 0; k < 2; ++k) {
       RecvBuffer target{buffer.data(), kSize, Tag(k + 1), region};
@@ -327,6 +332,7 @@ TEST_CASE("p2p a receiver dies holding messages sent ahead", "[credits]") {
     Context context(credits_config(8));
     auto out = connect_one(context, recv_handle(channel));
     std::vector<std::byte> buffer(kSize * (kAhead + 1));
+    const CloseOnUnwind guard{out.get()};
     MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
     const std::vector<Request*> sends = send_ahead(*out, channel, buffer, region);
     channel.send_value(2);
@@ -358,6 +364,7 @@ TEST_CASE("p2p a sender dies after sending ahead", "[credits]") {
     Context context(credits_config(8));
     auto out = connect_one(context, recv_handle(channel));
     std::vector<std::byte> buffer(kSize * (kAhead + 1));
+    const CloseOnUnwind guard{out.get()};
     MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
     const std::vector<Request*> sends = send_ahead(*out, channel, buffer, region);
     // Progress hands them to the wire where the provider needs it (tcp); none can complete.
@@ -372,6 +379,7 @@ TEST_CASE("p2p a sender dies after sending ahead", "[credits]") {
     send_handle(channel, listener.handle());
     auto in = accept_one(listener);
     std::vector<std::byte> buffer(kSize * (kAhead + 3));
+    const CloseOnUnwind guard{in.get()};
     MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
     RecvBuffer first{buffer.data(), kSize, 1, region};
     Request* r = nullptr;

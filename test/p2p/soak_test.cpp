@@ -250,6 +250,7 @@ void soak_receiver(Channel& channel, const Settings& settings, Summary& summary,
     std::fill(rings[c].slab().begin(), rings[c].slab().end(), kGuard);
     regions[c] = comms[c]->register_memory(rings[c].slab().data(), ring_bytes);
   }
+  const CloseOnUnwind guard{comms};  // before the rings and the source are freed
   summary.buffers = source.size() + kComms * ring_bytes;
   std::vector<std::deque<Slot>> inflight(kComms);
   std::vector<std::size_t> posted(kComms, 0), completed(kComms, 0);
@@ -341,6 +342,7 @@ void soak_sender(Channel& channel, const Settings& settings, Summary& summary) {
   // sender runs at the transport's pace.
   const std::vector<std::byte> source = source_stream(settings);
   summary.buffers = source.size();
+  const CloseOnUnwind guard{comms};  // before the source is freed
   std::vector<MemoryRegion> regions(kComms);
   for (std::size_t c = 0; c < kComms; ++c) {
     regions[c] = comms[c]->register_memory(source.data(), source.size());

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -53,21 +54,29 @@ inline std::unique_ptr<SendComm> connect_one(Context& context, const Handle& han
 // normally leaves the communicators to their owners.
 class CloseOnUnwind {
  public:
-  explicit CloseOnUnwind(std::initializer_list<Communicator*> comms) : comms_(comms) {}
+  explicit CloseOnUnwind(std::initializer_list<Communicator*> comms)
+      : close_([list = std::vector<Communicator*>(comms)] {
+          for (Communicator* comm : list) comm->close();
+        }) {}
+  // Those `comms` holds when the scope unwinds (some may have been closed and reset by then).
+  template <typename Comm>
+  explicit CloseOnUnwind(std::vector<std::unique_ptr<Comm>>& comms)
+      : close_([&comms] {
+          for (auto& comm : comms)
+            if (comm) comm->close();
+        }) {}
   ~CloseOnUnwind() {
     if (std::uncaught_exceptions() <= unwinding_) return;
-    for (Communicator* comm : comms_) {
-      try {
-        comm->close();
-      } catch (...) {  // the exception in flight says what went wrong
-      }
+    try {
+      close_();
+    } catch (...) {  // the exception in flight says what went wrong
     }
   }
   CloseOnUnwind(const CloseOnUnwind&) = delete;
   CloseOnUnwind& operator=(const CloseOnUnwind&) = delete;
 
  private:
-  std::vector<Communicator*> comms_;
+  std::function<void()> close_;
   int unwinding_ = std::uncaught_exceptions();
 };
 
