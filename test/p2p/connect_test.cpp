@@ -108,6 +108,7 @@ TEST_CASE("p2p clear-to-send that arrives before the sender's handshake complete
     auto first = accept_one(listener);
     auto second = accept_one(listener);
     std::vector<std::byte> large(kLarge), small(64);
+    const CloseOnUnwind guard{first.get(), second.get()};
     MemoryRegion large_region = second->register_memory(large.data(), large.size());
     MemoryRegion small_region = first->register_memory(small.data(), small.size());
     RecvBuffer b{large.data(), large.size(), 2, large_region};
@@ -127,6 +128,7 @@ TEST_CASE("p2p clear-to-send that arrives before the sender's handshake complete
     const Handle handle = recv_handle(channel);
     auto first = connect_one(context, handle);
     std::vector<std::byte> small(64), large(kLarge);
+    const CloseOnUnwind guard{first.get()};
     fill_pattern(small, 1);
     fill_pattern(large, 909);
     MemoryRegion small_region = first->register_memory(small.data(), small.size());

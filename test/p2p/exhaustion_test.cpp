@@ -451,6 +451,7 @@ void many_receiver(Channel& channel) {
   channel.barrier();
   auto again = accept_one(listener);
   std::vector<std::byte> buffer(70000);
+  const CloseOnUnwind guard{again.get()};
   MemoryRegion region = again->register_memory(buffer.data(), buffer.size());
   RecvBuffer b{buffer.data(), buffer.size(), 77, region};
   Request* request = nullptr;
@@ -525,6 +526,7 @@ void many_sender(Channel& channel) {
   channel.barrier();
   auto again = connect_one(context, handle);
   std::vector<std::byte> buffer(70000);
+  const CloseOnUnwind guard{again.get()};
   fill_pattern(buffer, 0xC1000);
   MemoryRegion region = again->register_memory(buffer.data(), buffer.size());
   Request* request = nullptr;

@@ -21,6 +21,7 @@ void flush_receiver(Channel& channel, unsigned rails) {
   send_handle(channel, listener.handle());
   auto comm = accept_one(listener);
   std::vector<std::byte> buffer(kSize);
+  const CloseOnUnwind guard{comm.get()};
   MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), kSize, 5, region};
   Request* request = nullptr;
@@ -50,6 +51,7 @@ void flush_sender(Channel& channel, unsigned rails) {
   Context context(test_config(rails));
   auto comm = connect_one(context, recv_handle(channel));
   std::vector<std::byte> buffer(kSize);
+  const CloseOnUnwind guard{comm.get()};
   fill_pattern(buffer, 31);
   MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
   Request* request = nullptr;

@@ -26,6 +26,7 @@ void sweep_receiver(Channel& channel, unsigned rails) {
   auto comm = accept_one(listener);
   const auto sizes = size_sweep();
   std::vector<std::byte> buffer((64u << 20) + 4096);
+  const CloseOnUnwind guard{comm.get()};
   MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     // Odd messages get a buffer larger than the message: the delivered size must say so.
@@ -49,6 +50,7 @@ void sweep_sender(Channel& channel, unsigned rails) {
   auto comm = connect_one(context, recv_handle(channel));
   const auto sizes = size_sweep();
   std::vector<std::byte> buffer(64u << 20);
+  const CloseOnUnwind guard{comm.get()};
   MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     fill_pattern({buffer.data(), sizes[i]}, rails * 1000 + i);
@@ -103,6 +105,7 @@ TEST_CASE("p2p 1000 messages of random sizes and tags in a window of 64 keep ord
     send_handle(channel, listener.handle());
     auto comm = accept_one(listener);
     std::vector<std::byte> slab(kWindow * (kMaxSize + 64));
+    const CloseOnUnwind guard{comm.get()};
     MemoryRegion region = comm->register_memory(slab.data(), slab.size());
     std::vector<Request*> inflight(kWindow, nullptr);
     std::size_t posted = 0, completed = 0;
@@ -129,6 +132,7 @@ TEST_CASE("p2p 1000 messages of random sizes and tags in a window of 64 keep ord
     Context context(test_config(2));
     auto comm = connect_one(context, recv_handle(channel));
     std::vector<std::byte> slab(kWindow * kMaxSize);
+    const CloseOnUnwind guard{comm.get()};
     MemoryRegion region = comm->register_memory(slab.data(), slab.size());
     std::vector<Request*> inflight(kWindow, nullptr);
     std::size_t posted = 0, completed = 0;
@@ -196,6 +200,7 @@ TEST_CASE("p2p messages into buffers above either side's eager limit", "[pair]")
       send_handle(channel, listener.handle());
       auto comm = accept_one(listener);
       std::vector<std::byte> buffer(2u << 20);
+      const CloseOnUnwind guard{comm.get()};
       MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
       std::uint64_t written = 0;
       for (std::size_t i = 0; i < cases.size(); ++i) {
@@ -223,6 +228,7 @@ TEST_CASE("p2p messages into buffers above either side's eager limit", "[pair]")
       Context context(config);
       auto comm = connect_one(context, recv_handle(channel));
       std::vector<std::byte> buffer(2u << 20);
+      const CloseOnUnwind guard{comm.get()};
       MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
       for (std::size_t i = 0; i < cases.size(); ++i) {
         fill_pattern({buffer.data(), cases[i].message}, 500 + i);
@@ -261,6 +267,7 @@ TEST_CASE("p2p multi-buffer receive and forced flush", "[pair]") {
     send_handle(channel, listener.handle());
     auto comm = accept_one(listener);
     std::vector<std::byte> slab(kParts * 300000);
+    const CloseOnUnwind guard{comm.get()};
     MemoryRegion region = comm->register_memory(slab.data(), slab.size());
     RecvBuffer buffers[kParts];
     for (std::size_t i = 0; i < kParts; ++i) {
@@ -291,6 +298,7 @@ TEST_CASE("p2p multi-buffer receive and forced flush", "[pair]") {
     Context context(test_config(2));
     auto comm = connect_one(context, recv_handle(channel));
     std::vector<std::byte> slab(kParts * 300000);
+    const CloseOnUnwind guard{comm.get()};
     MemoryRegion region = comm->register_memory(slab.data(), slab.size());
     Request* requests[kParts];
     for (std::size_t i = 0; i < kParts; ++i) {
