@@ -113,7 +113,11 @@ class Communicator {
   // of a receive (or the size sent).
   Status test(Request* request, bool& done, std::span<std::size_t> sizes = {});
   // test() until done. A peer that stays silent for LOOM_PEER_TIMEOUT_MS fails the request
-  // (kPeerError); a live peer that never posts the matching request does not, so wait returns
+  // (kPeerError). The peer answers only while its process calls isend, irecv, test or wait on
+  // its communicators; connecting or accepting others does not count, so a process that sets
+  // up many communicators while its peers already wait on it must keep testing the ones it
+  // has, or its peers need a timeout longer than the setup. A live peer that makes those calls
+  // but never posts the matching request does not fail it: wait returns
   // kInProgress once `timeout` passed, the request still pending (test or wait on it again).
   // While nothing completes it yields the CPU, then sleeps in steps of up to a millisecond.
   Status wait(Request* request, std::span<std::size_t> sizes = {},
