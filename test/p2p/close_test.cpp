@@ -73,6 +73,7 @@ void receiver(Channel& channel, const Case& c) {
   send_handle(channel, listener.handle());
   std::unique_ptr<RecvComm> in = accept_one(listener);
   std::vector<std::byte> buffer(2 * c.size);
+  const CloseOnUnwind guard{in.get()};
   fill_pattern(buffer, 99);
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   RecvBuffer a{buffer.data(), c.size, 1, region};
@@ -123,6 +124,7 @@ void sender(Channel& channel, const Case& c) {
   Context context(close_config());
   std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
   std::vector<std::byte> buffer(c.size);
+  const CloseOnUnwind guard{out.get()};
   fill_pattern(buffer, 7);
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
   require(channel.recv_value<int>() == 1, "receiver out of step");

@@ -358,6 +358,7 @@ void bad_input_receiver(Channel& channel) {
   send_handle(channel, listener.handle());
   std::unique_ptr<RecvComm> in = accept_one(listener);
   std::vector<std::byte> buffer(300000);
+  const CloseOnUnwind guard{in.get()};
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   for (std::size_t i = 0; i < std::size(kBadInputs); ++i) {
     const BadInput& c = kBadInputs[i];
@@ -383,6 +384,7 @@ void bad_input_sender(Channel& channel) {
   Context context(bad_input_config());
   std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
   std::vector<std::byte> buffer(600000);
+  const CloseOnUnwind guard{out.get()};
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
   for (std::size_t i = 0; i < std::size(kBadInputs); ++i) {
     const BadInput& c = kBadInputs[i];

@@ -188,6 +188,7 @@ void closing_receiver(Channel& channel) {
   channel.send_value(1);
   std::unique_ptr<RecvComm> again = accept_one(posted.listener, 20s);
   std::vector<std::byte> small(4096);
+  const CloseOnUnwind guard{again.get()};
   MemoryRegion region = again->register_memory(small.data(), small.size());
   RecvBuffer target{small.data(), small.size(), 2, region};
   Request* receive = nullptr;
@@ -204,6 +205,7 @@ void sender_then_reconnect(Channel& channel) {
   require(channel.recv_value<int>() == 1, "receiver out of step");
   std::unique_ptr<SendComm> again = connect_one(context, handle, 20s);
   std::vector<std::byte> small(4096);
+  const CloseOnUnwind guard{again.get()};
   fill_pattern(small, 8);
   MemoryRegion small_region = again->register_memory(small.data(), small.size());
   Request* message = nullptr;
@@ -386,6 +388,7 @@ void survivor(Channel& channel) {
   std::unique_ptr<RecvComm> in = accept_one(listener);
   std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
   std::vector<std::byte> sending(total(table)), receiving(total(table));
+  const CloseOnUnwind guard{in.get(), out.get()};
   fill_pattern(receiving, kUnwritten);
   for (std::size_t i = 0; i < kMessages; ++i) {
     fill_pattern({sending.data() + at[i], table[i].size}, seed_to_doomed(i));
@@ -496,6 +499,7 @@ void doomed(Channel& channel) {
   send_handle(channel, listener.handle());
   std::unique_ptr<RecvComm> in = accept_one(listener);
   std::vector<std::byte> sending(total(table)), receiving(total(table));
+  const CloseOnUnwind guard{out.get(), in.get()};
   for (std::size_t i = 0; i < kMessages; ++i) {
     fill_pattern({sending.data() + at[i], table[i].size}, seed_to_survivor(i));
   }

@@ -69,6 +69,7 @@ void listener_role(Channel& channel) {
 
   std::unique_ptr<RecvComm> in = accept_one(listener);
   std::vector<std::byte> buffer(70000);
+  const CloseOnUnwind guard{in.get()};
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), buffer.size(), 5, region};
   Request* request = nullptr;
@@ -121,6 +122,7 @@ void forger_role(Channel& channel) {
   Context context(test_config(1));
   std::unique_ptr<SendComm> out = connect_one(context, handle);
   std::vector<std::byte> buffer(70000);
+  const CloseOnUnwind guard{out.get()};
   fill_pattern(buffer, 91);
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
   Request* request = nullptr;

@@ -67,6 +67,7 @@ void survivor(Channel& channel, Phase phase) {
   send_handle(channel, listener.handle());
   std::unique_ptr<RecvComm> in = accept_one(listener);
   std::vector<std::byte> buffer(2 * kLarge);
+  const CloseOnUnwind guard{in.get()};
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   // The child connects back so the survivor also has a send comm to it.
   std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
@@ -117,6 +118,7 @@ void doomed(Channel& channel, Phase phase) {
   std::unique_ptr<RecvComm> in = accept_one(listener);
   require(channel.recv_value<int>() == 1, "survivor out of step");
   std::vector<std::byte> buffer(kLarge);
+  const CloseOnUnwind guard{in.get()};
   fill_pattern(buffer, 9);
   if (phase == Phase::kRendezvousReceive) {
     // Start the first rendezvous message and die with it in flight.
