@@ -203,8 +203,10 @@ constexpr Row kTable[] = {
     "cannot take it"),
   number<&Config::peer_timeout_ms, 1, kMaxMs>("LOOM_PEER_TIMEOUT_MS", "10000",
     "a peer silent this long while requests wait on it is taken as dead (peer error): a live "
-    "peer that answers pings never is, however long a request waits; also how long a closed "
-    "peer's pending messages have to arrive, and close waits for its writes"),
+    "peer that answers pings never is, however long a request waits (it answers while its "
+    "process calls isend, irecv, test or wait on its communicators; connecting or accepting "
+    "others does not count); also how long a closed peer's pending messages have to arrive, and "
+    "close waits for its writes"),
   flag<&Config::force_flush>("LOOM_FORCE_FLUSH", "0",
     "run iflush's read even for host memory (tests the GPU path)"),
   flag<&Config::device_memory>("LOOM_DEVICE_MEMORY", "1",
