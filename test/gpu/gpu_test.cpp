@@ -100,6 +100,7 @@ void receive_sizes(Channel& channel, Transfer how) {
   send_handle(channel, listener.handle());
   auto comm = accept_one(listener);
   TestBuffer buffer(kLargest + 4096);
+  const CloseOnUnwind guard{comm.get()};  // a failure frees `buffer` before `comm`
   MemoryRegion region =
       comm->register_memory(buffer.data(), buffer.size(), buffer.type(), buffer.device());
   std::uint64_t seed = how.rails * 100;
@@ -131,6 +132,7 @@ void send_sizes(Channel& channel, Transfer how) {
   Context context(test_config(how.rails));
   auto comm = connect_one(context, recv_handle(channel));
   TestBuffer buffer(kLargest + 4096);
+  const CloseOnUnwind guard{comm.get()};  // a failure frees `buffer` before `comm`
   MemoryRegion region =
       comm->register_memory(buffer.data(), buffer.size(), buffer.type(), buffer.device());
   std::uint64_t seed = how.rails * 100;
@@ -175,6 +177,7 @@ TEST_CASE("gpu: iflush reads through every data rail that carried the message", 
           send_handle(channel, listener.handle());
           auto comm = accept_one(listener);
           TestBuffer buffer(kSize);
+          const CloseOnUnwind guard{comm.get()};
           MemoryRegion region =
               comm->register_memory(buffer.data(), buffer.size(), buffer.type(), buffer.device());
           RecvBuffer target{buffer.data(), kSize, 9, region};
@@ -201,6 +204,7 @@ TEST_CASE("gpu: iflush reads through every data rail that carried the message", 
           Context context(test_config(kRails));
           auto comm = connect_one(context, recv_handle(channel));
           TestBuffer buffer(kSize);
+          const CloseOnUnwind guard{comm.get()};
           buffer.write(0, pattern_bytes(kSize, 77));
           MemoryRegion region =
               comm->register_memory(buffer.data(), buffer.size(), buffer.type(), buffer.device());

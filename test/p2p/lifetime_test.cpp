@@ -252,7 +252,8 @@ void stalled_receiver(Channel& channel) {
 }
 
 void closing_sender(Channel& channel) {
-  std::vector<std::byte> buffer(kStalledBytes);  // outlives the communicators
+  std::vector<std::byte> buffer(kStalledBytes);  // these outlive the communicators
+  std::vector<std::byte> small(64);
   Context context(test_config(1));
   const Handle handle = recv_handle(channel);
   std::unique_ptr<SendComm> out = connect_one(context, handle);
@@ -285,7 +286,6 @@ void closing_sender(Channel& channel) {
                done ? "done" : "in flight", held);
   // The resident communicator's progress runs the lane: the writes finish, and the lane frees
   // the communicator they belonged to.
-  std::vector<std::byte> small(64);
   MemoryRegion small_region = resident->register_memory(small.data(), small.size());
   Request* probe = nullptr;
   require(resident->isend(small.data(), small.size(), 9, small_region, probe) == Status::kOk,

@@ -236,6 +236,7 @@ std::string transfer(const Mesh& mesh, const std::string& x, const Leg& at_x, co
     channel.send_bytes(std::as_bytes(std::span(text)));
     const auto before = snapshot(at_x);
     std::vector<std::byte> buffer(size);
+    const CloseOnUnwind guard{in.get()};  // a failure frees `buffer` before `in`
     MemoryRegion region = in->register_memory(buffer.data(), size);
     RecvBuffer target{buffer.data(), size, 3, region};
     Request* request = nullptr;
@@ -262,6 +263,7 @@ std::string transfer(const Mesh& mesh, const std::string& x, const Leg& at_x, co
                                     joined(nics) + "), expected " + expected);
     const auto before = snapshot(at_y);
     std::vector<std::byte> buffer(size);
+    const CloseOnUnwind guard{out.get()};  // a failure frees `buffer` before `out`
     fill_pattern(buffer, seed);
     MemoryRegion region = out->register_memory(buffer.data(), size);
     Request* request = nullptr;
