@@ -9,7 +9,7 @@ virtual machine whole runs slow down by half now and then, and a short run is al
 other.
 
   FABTESTS_BIN=/tmp/fabtests/bin bench/compare_fabtests.py [--providers tcp,shm] [--reps 3]
-  FABTESTS_BIN=... bench/compare_fabtests.py --latency [--lat-sizes 8,256,4k,16k] [--show-runs]
+  FABTESTS_BIN=... bench/compare_fabtests.py --latency [--lat-sizes 8,256,4k,8k,16k] [--show-runs]
 
 --latency prints one-way latency instead, against fi_rdm_tagged_pingpong: both tools run the
 same untimed warmup rounds (-w) and timed rounds (-I / fi_p2p_bw --lat-iters), and both report
@@ -137,7 +137,7 @@ def main():
     parser.add_argument("--loom", default="build-release/bench/fi_p2p_bw")
     parser.add_argument("--latency", action="store_true",
                         help="one-way latency against fi_rdm_tagged_pingpong instead")
-    parser.add_argument("--lat-sizes", default="8,256,4k,16k")
+    parser.add_argument("--lat-sizes", default="8,256,4k,8k,16k")
     parser.add_argument("--lat-iters", type=int, default=10000)
     parser.add_argument("--lat-warmup", type=int, default=100)
     parser.add_argument("--show-runs", action="store_true",

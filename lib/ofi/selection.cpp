@@ -188,12 +188,8 @@ InfoPtr single_entry(const fi_info& entry) {
   return duplicate(single);
 }
 
-// Providers report a small inject size unless asked for more (tcp;ofi_rxm: 64 bytes, and up
-// to its buffer size when asked): the chosen entry asked again, as it is, for `wanted`. A
-// provider that cannot grant it keeps the entry it offered.
-InfoPtr with_inject_size(const fi_info& entry, std::size_t wanted) {
-  InfoPtr single = single_entry(entry);
-  if (single->tx_attr == nullptr || single->tx_attr->inject_size >= wanted) return single;
+// The chosen entry asked again, as it is, for an inject size of `wanted`; null if refused.
+InfoPtr granting_inject_size(const fi_info& entry, std::size_t wanted) {
   InfoPtr hints = single_entry(entry);
   hints->tx_attr->inject_size = wanted;
   fi_info* list = nullptr;
@@ -205,6 +201,23 @@ InfoPtr with_inject_size(const fi_info& entry, std::size_t wanted) {
         i->tx_attr != nullptr && i->tx_attr->inject_size >= wanted) {
       return single_entry(*i);
     }
+  }
+  return nullptr;
+}
+
+// Providers report a small inject size unless asked for more (tcp;ofi_rxm: 64 bytes, and up
+// to its buffer size when asked, FI_OFI_RXM_BUFFER_SIZE, 16 KiB unless set lower). One that
+// refuses `wanted` is asked for half as much, a few times while that is more than it offered:
+// a user's smaller rxm buffer then still gets injects of its size, not 64 bytes. One that
+// grants none keeps the entry it offered.
+InfoPtr with_inject_size(const fi_info& entry, std::size_t wanted) {
+  constexpr int kAsks = 4;
+  InfoPtr single = single_entry(entry);
+  if (single->tx_attr == nullptr) return single;
+  const std::size_t offered = single->tx_attr->inject_size;
+  std::size_t ask = wanted;
+  for (int i = 0; i < kAsks && ask > offered; ++i, ask /= 2) {
+    if (InfoPtr granted = granting_inject_size(entry, ask)) return granted;
   }
   return single;
 }

@@ -26,7 +26,8 @@ inline constexpr std::size_t kInjectHeadroom = 1024;
 // other with its host-only entry and a logged reason (NicAttributes::device_memory_note).
 //
 // Inject size: a provider that reports less than LOOM_INJECT_MAX + kInjectHeadroom is asked for
-// that much (tcp;ofi_rxm reports 64 bytes unless asked); one that refuses keeps its own.
+// that much (tcp;ofi_rxm reports 64 bytes unless asked), then for less (selection.cpp); one that
+// refuses every ask keeps its own.
 [[nodiscard]] std::vector<std::unique_ptr<Nic>> open_nics(const Config& config);
 
 // The provider settings loom recommends for the families `config` names (LOOM_PROVIDER, else

@@ -2,6 +2,7 @@
 // environment alone, and what a killed process leaves behind.
 #include "providers/profile.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -120,6 +121,23 @@ TEST_CASE("inject size: the provider is asked for LOOM_INJECT_MAX", "[profile]")
     REQUIRE_FALSE(nics.empty());
     CHECK(nics.front()->attributes().inject_size == wanted + loom::ofi::kInjectHeadroom);
   }
+}
+
+// The default asks rxm for its whole buffer (16 KiB unless FI_OFI_RXM_BUFFER_SIZE is lower).
+// A provider that refuses is asked for less: run alone with FI_OFI_RXM_BUFFER_SIZE=8192 (its
+// own meson test; rxm reads the variable once per process), rxm refuses 16 KiB and grants 8.
+TEST_CASE("inject size: the default asks for rxm's buffer, and less where it is smaller",
+          "[profile][rxm-buffer]") {
+  loom::Config config;
+  config.provider = "tcp";
+  config.nics = {"lo"};
+  const std::string buffer = env("FI_OFI_RXM_BUFFER_SIZE");
+  const std::size_t rxm_buffer = buffer == "<unset>" ? 16384 : std::stoul(buffer);
+  REQUIRE(config.inject_max + loom::ofi::kInjectHeadroom == 16384);
+  const auto nics = loom::ofi::open_nics(config);
+  REQUIRE_FALSE(nics.empty());
+  INFO("FI_OFI_RXM_BUFFER_SIZE " << buffer);
+  CHECK(nics.front()->attributes().inject_size == std::min<std::size_t>(rxm_buffer, 16384));
 }
 
 TEST_CASE("provider leftovers: a dead process's shm regions go, a running one's stay",
