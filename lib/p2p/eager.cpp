@@ -90,7 +90,12 @@ std::size_t SendCommImpl::fill_carrier(const Part& part) {
   if (part.size + overhead >= limit) return 0;
   const std::size_t room =
       std::min(limit - part.size - mux::kCarrierTrailerBytes, mux::kMaxCarriedControl);
-  if (carrier_.size() < limit) carrier_.resize(limit);
+  // Grown to what the largest payload so far needs, not the inject size (16 KiB on tcp): a
+  // communicator of small messages keeps a small buffer.
+  const std::size_t needed =
+      std::min(limit, part.size + mux::kMaxCarriedControl + mux::kMaxCarrierPadding +
+                          mux::kCarrierTrailerBytes);
+  if (carrier_.size() < needed) carrier_.resize(needed);
   if (carried_length_ == 0) {
     carried_length_ =
         lanes_.take_carried_control(peer_context_, {held_control_.data(), room}, carried_lane_);
