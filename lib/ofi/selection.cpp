@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 
@@ -209,15 +210,18 @@ InfoPtr granting_inject_size(const fi_info& entry, std::size_t wanted) {
 // to its buffer size when asked, FI_OFI_RXM_BUFFER_SIZE, 16 KiB unless set lower). One that
 // refuses `wanted` is asked for half as much, a few times while that is more than it offered:
 // a user's smaller rxm buffer then still gets injects of its size, not 64 bytes. One that
-// grants none keeps the entry it offered.
-InfoPtr with_inject_size(const fi_info& entry, std::size_t wanted) {
+// grants none keeps the entry it offered. `refused` is the smallest size refused so far by
+// this provider's other NICs: not asked again (a host with 32 NICs would ask 128 times).
+InfoPtr with_inject_size(const fi_info& entry, std::size_t wanted, std::size_t& refused) {
   constexpr int kAsks = 4;
   InfoPtr single = single_entry(entry);
   if (single->tx_attr == nullptr) return single;
   const std::size_t offered = single->tx_attr->inject_size;
   std::size_t ask = wanted;
   for (int i = 0; i < kAsks && ask > offered; ++i, ask /= 2) {
+    if (ask >= refused) continue;
     if (InfoPtr granted = granting_inject_size(entry, ask)) return granted;
+    refused = ask;
   }
   return single;
 }
@@ -359,6 +363,7 @@ std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
   }
   InfoPtr everything;  // for the reasons, listed once and only when needed
   std::vector<std::unique_ptr<Nic>> nics;
+  std::size_t inject_refused = std::numeric_limits<std::size_t>::max();
   for (const fi_info* c : chosen) {
     NicOptions options{.device_memory_note = {}, .cuda_dmabuf = config.cuda_dmabuf};
     const fi_info* hmem = hmem_entry_for(*c, hmem_owner.get(), config);
@@ -378,7 +383,8 @@ std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
     }
     nics.push_back(std::make_unique<Nic>(
         with_inject_size(hmem != nullptr ? *hmem : *c,
-                         config.inject_max == 0 ? 0 : config.inject_max + kInjectHeadroom),
+                         config.inject_max == 0 ? 0 : config.inject_max + kInjectHeadroom,
+                         inject_refused),
         std::move(options)));
   }
   util::log().info("provider {} (API {}): {} NIC(s); {}", provider, version_text(api_version()),
