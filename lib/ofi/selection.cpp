@@ -214,16 +214,14 @@ InfoPtr granting_inject_size(const fi_info& entry, std::size_t wanted) {
 // this provider's other NICs: not asked again (a host with 32 NICs would ask 128 times).
 InfoPtr with_inject_size(const fi_info& entry, std::size_t wanted, std::size_t& refused) {
   constexpr int kAsks = 4;
-  InfoPtr single = single_entry(entry);
-  if (single->tx_attr == nullptr) return single;
-  const std::size_t offered = single->tx_attr->inject_size;
+  const std::size_t offered = entry.tx_attr != nullptr ? entry.tx_attr->inject_size : wanted;
   std::size_t ask = wanted;
   for (int i = 0; i < kAsks && ask > offered; ++i, ask /= 2) {
     if (ask >= refused) continue;
     if (InfoPtr granted = granting_inject_size(entry, ask)) return granted;
     refused = ask;
   }
-  return single;
+  return single_entry(entry);
 }
 
 }  // namespace

@@ -171,7 +171,7 @@ void peer_exchanges(Channel& channel, std::size_t index) {
   Listener listener = context.listen();
   std::vector<Transfer> transfers;
   HubLink link = join_hub(context, listener, channel);
-  channel.barrier();  // start_together
+  start_together({&channel, 1});
   post_exchange(transfers, link, index, false);
   finish_all(transfers, "peer " + std::to_string(index) + "'s messages");
   channel.barrier();
@@ -280,7 +280,7 @@ TEST_CASE("p2p shared lanes: a peer killed mid-transfer fails only its own reque
     Listener listener = context.listen();
     std::vector<Transfer> round;
     HubLink link = join_hub(context, listener, channel);
-    channel.barrier();  // start_together
+    start_together({&channel, 1});
     if (index == 0) {
       post_send(doomed, *link.out, kHuge, seed_of(0, true, 0));
       poll_until([&] { return doomed.done || bytes_written(context) != 0; }, [&] { step(doomed); },
