@@ -113,7 +113,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (options.provider_settings) {
-    loom::bench::apply_provider_settings(loom::bench::make_config(options));
+    try {
+      loom::bench::apply_provider_settings(loom::bench::make_config(options));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "fi_p2p_bw: %s\n", e.what());  // a bad LOOM_* variable
+      return 2;
+    }
   }
   if (options.loopback) return run_loopback(options);
   pin_to(options.pin_cores, 0);

@@ -25,6 +25,9 @@ expect_refusal "window out of range" 5 -W 0
 expect_refusal "loopback with a server" 5 --loopback 127.0.0.1
 expect_refusal "unreachable server" 10 --timeout 2 -E 1 127.0.0.1
 expect_refusal "unknown device" 5 --device gpu0
+# A misspelt LOOM_* variable is refused before anything opens, not thrown past main.
+LOOM_DATA_RAIL=2 expect_refusal "unknown LOOM_ variable" 5 --loopback -S 1k
+LOOM_EAGER_CREDITS=lots expect_refusal "malformed LOOM_ value" 5 --loopback -S 1k
 # Device memory where there is no GPU (a build without CUDA says that instead).
 if ! ls /dev/nvidia0 >/dev/null 2>&1; then
   expect_refusal "device memory without a GPU" 10 --loopback --device cuda -S 1k
