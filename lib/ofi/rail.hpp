@@ -127,6 +127,9 @@ class Rail {
                      std::uint64_t ignore, OpContext* op);
   Status write(Address peer, const void* buffer, std::size_t length, void* desc,
                std::uint64_t remote_address, std::uint64_t key, std::uint32_t data, OpContext* op);
+  // No completion, no descriptor; `length` at most the NIC's inject_size, host memory only.
+  Status inject_write(Address peer, const void* buffer, std::size_t length,
+                      std::uint64_t remote_address, std::uint64_t key, std::uint32_t data);
   Status read(Address peer, void* buffer, std::size_t length, void* desc,
               std::uint64_t remote_address, std::uint64_t key, OpContext* op);
   // Reads up to FlushBuffer::kBytes at `address` (inside `registration`, received through this

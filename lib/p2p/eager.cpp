@@ -33,16 +33,21 @@ bool SendCommImpl::eager_fits(const Part& part) const noexcept {
   return part.size <= eager_size_ && part.size <= eager_max_;
 }
 
+// An inject leaves no completion to generate and read: on shm that is a CQ write less under
+// the receiver's queue lock, which both processes take for every message. Eager sends and
+// writes alike inject what fits, from host memory.
+bool SendCommImpl::injects(const Part& part) const noexcept {
+  return part.size <= inject_max_ &&
+         (part.registration == nullptr || part.registration->type() == MemoryType::kHost);
+}
+
 // kAwaitingClearance: sent ahead on a credit (the verdict comes with the clearance);
 // kEagerReady: cleared, its credit taken by match().
 void SendCommImpl::post_eager(Request& r) {
   Part& part = r.parts[0];
   const bool ahead = part.send == SendState::kAwaitingClearance;
   ofi::Rail& data_rail = lane_->rails().data(0);
-  // An inject leaves no completion to generate and read: on shm that is a CQ write less under
-  // the receiver's queue lock, which both processes take for every message.
-  const bool inject = part.size <= inject_max_ && (part.registration == nullptr ||
-                                                   part.registration->type() == MemoryType::kHost);
+  const bool inject = injects(part);
   const std::size_t carrier = inject ? fill_carrier(part) : 0;
   const std::uint64_t wire_tag =
       mux::encode_tag({mux::TagKind::kEager, peer_id_, part.seq, carrier != 0});

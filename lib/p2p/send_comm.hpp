@@ -45,6 +45,7 @@ class SendCommImpl final : public Comm {
   bool awaiting_clearance(std::uint32_t& oldest) const noexcept override;
   // eager.cpp
   [[nodiscard]] bool eager_fits(const Part& part) const noexcept;
+  [[nodiscard]] bool injects(const Part& part) const noexcept;
   void post_eager(Request& request);
   std::size_t fill_carrier(const Part& part);
   void send_ahead_waiting();
