@@ -12,6 +12,7 @@ const Profile kTcpProfile{
     .summary = "tcp;ofi_rxm: domains are interfaces; pin one with LOOM_NICS (e.g. lo for tests)",
     .settings = kRxmSettings,
     .min_carrier_bytes = 256,
+    .inject_writes = false,
 };
 
 }  // namespace loom::providers

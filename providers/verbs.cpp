@@ -47,6 +47,7 @@ const Profile kVerbsProfile {
 #if LOOM_HAVE_IBVERBS
   .device_limits = verbs_device_limits,
 #endif
+  .inject_writes = false,  // rxm's inject copies what RDMA would write from the user's buffer
 };
 
 }  // namespace loom::providers

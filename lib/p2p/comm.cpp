@@ -130,6 +130,7 @@ void Comm::connect_peer(const LaneAddresses& peer) {
   for (std::size_t i = 0; i < data_rails_; ++i) {
     peer_data_.push_back(lane_->acquire_peer(i, peer.data[i]));
     inject_max_ = std::min(inject_max_, rails.data(i).nic().attributes().inject_size);
+    inject_writes_ = inject_writes_ && rails.data(i).nic().attributes().inject_writes;
   }
   for (std::size_t i = 0; i < control_rails_; ++i) {
     peer_control_.push_back(lane_->acquire_peer(rails.data_rails() + i, peer.control[i]));

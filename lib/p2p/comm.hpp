@@ -202,6 +202,7 @@ class Comm : public mux::CommPort {
   std::vector<ofi::Address> peer_control_;
   std::size_t eager_max_;
   std::size_t inject_max_ = 0;   // eager sends up to this size are injected (no completion)
+  bool inject_writes_ = true;    // writes up to inject_max_ too (every data rail's profile allows)
   std::size_t inject_size_ = 0;  // what the provider injects (a payload and a carried message)
   bool carry_control_ = false;   // sends carry control messages (LOOM_CARRY_CONTROL, profile)
   std::size_t min_carrier_ = 0;  // a carrier is padded to this many bytes (provider profile)

@@ -1,9 +1,10 @@
 // Rendezvous: a message that does not go eagerly (above the receiver's eager size, or no
 // credit left when its buffer's clear-to-send came) is written with fi_writedata in stripes over
-// the data rails (with fi_inject_writedata, no completion, where it fits an inject), each carrying
-// comm id | seq | fills | stripe count as remote CQ data. A message that fills its buffer says so
-// in that CQ data and nothing else goes; otherwise a ready-to-send carries size and tag (an empty
-// message rides on it alone) and the receiver judges it as the sender did (verdict.hpp).
+// the data rails (fi_inject_writedata, with no completion, where it fits an inject and the
+// provider's profile allows), each carrying comm id | seq | fills | stripe count as remote CQ
+// data. A message that fills its buffer says so in that CQ data and nothing else goes; otherwise
+// a ready-to-send carries size and tag (an empty message rides on it alone) and the receiver
+// judges it as the sender did (verdict.hpp).
 #include <algorithm>
 
 #include "ofi/memory_registration.hpp"
@@ -88,7 +89,7 @@ void SendCommImpl::post_stripes(Request& r) {
     const std::size_t length = i + 1 == r.stripes ? part.size - offset : base;
     const std::size_t rail = (part.seq + i) % data_rails_;
     ofi::Rail& data_rail = lane_->rails().data(rail);
-    const bool inject = injects(part);  // written once the call returns
+    const bool inject = inject_writes_ && injects(part);  // written once the call returns
     const Status status =
         inject ? data_rail.inject_write(peer_data_[rail], part.data + offset, length,
                                         clearance.address + offset, keys[rail], immediate)
