@@ -34,8 +34,8 @@ bool SendCommImpl::eager_fits(const Part& part) const noexcept {
 }
 
 // An inject leaves no completion to generate and read: on shm that is a CQ write less under
-// the receiver's queue lock, which both processes take for every message. Eager sends and
-// writes alike inject what fits, from host memory.
+// the receiver's queue lock, which both processes take for every message. Eager sends inject
+// what fits, from host memory; writes too where the provider's profile says so (post_stripes).
 bool SendCommImpl::injects(const Part& part) const noexcept {
   return part.size <= inject_max_ &&
          (part.registration == nullptr || part.registration->type() == MemoryType::kHost);

@@ -184,9 +184,10 @@ constexpr Row kTable[] = {
     "rest wait for the announcement and go by RDMA write; 0 = every message waits"),
   number<&Config::inject_max, 0, 1ull << 20>("LOOM_INJECT_MAX", "15k",
     "largest eager message sent by fi_tinjectdata (no send completion, and room for a carried "
-    "clear-to-send) where the provider's inject size allows it: loom asks the provider for this "
-    "much plus 1 KiB, then for less if refused (shm grants 4 KiB, tcp;ofi_rxm up to its buffer "
-    "size, 16 KiB unless FI_OFI_RXM_BUFFER_SIZE is lower); 0 = never"),
+    "clear-to-send) where the provider's inject size allows it, and largest message written by "
+    "fi_inject_writedata where its profile allows that (shm, not rxm): loom asks the provider "
+    "for this much plus 1 KiB, then for less if refused (shm grants 4 KiB, tcp;ofi_rxm up to "
+    "its buffer size, 16 KiB unless FI_OFI_RXM_BUFFER_SIZE is lower); 0 = never"),
   number<&Config::carry_control, 0, 2>("LOOM_CARRY_CONTROL", "1",
     "clear-to-sends ride inside eager messages going the other way to the same peer instead of "
     "as messages of their own: 1 = where that saves the provider work (not shm, whose messages "
