@@ -82,6 +82,8 @@ void SendCommImpl::post_stripes(Request& r) {
   const std::uint32_t immediate = mux::encode_immediate(
       {peer_id_, static_cast<std::uint16_t>(part.seq & mux::kImmSeqMask), fills, r.stripes});
   const std::size_t base = r.stripes == 0 ? 0 : part.size / r.stripes;
+  // An injected stripe is written once the call returns: no completion comes for it.
+  const bool inject = inject_writes_ && injects(part);
   while (r.stripes_posted < r.stripes) {
     const std::size_t i = r.stripes_posted;
     // Even split; the last stripe takes the remainder.
@@ -89,7 +91,6 @@ void SendCommImpl::post_stripes(Request& r) {
     const std::size_t length = i + 1 == r.stripes ? part.size - offset : base;
     const std::size_t rail = (part.seq + i) % data_rails_;
     ofi::Rail& data_rail = lane_->rails().data(rail);
-    const bool inject = inject_writes_ && injects(part);  // written once the call returns
     const Status status =
         inject ? data_rail.inject_write(peer_data_[rail], part.data + offset, length,
                                         clearance.address + offset, keys[rail], immediate)
