@@ -218,13 +218,15 @@ void RecvCommImpl::on_remote_write(mux::WriteImmediate immediate) {
   }
   switch (part->recv) {
     case RecvState::kCleared:
+      // Cleared: announced with status kOk (batch_left), so the write is welcome.
+      part->writes_expected = immediate.stripes;
       if (immediate.fills) {
-        // What a ready-to-send would say: the buffer's own size and tag (the sender checked).
-        apply_ready_to_send(*r, i, {part->seq, part->size, part->tag, immediate.stripes});
-        if (part->recv != RecvState::kWriting) return;
+        // What a ready-to-send would say, with no verdict to reach: the message is the
+        // buffer's own size (the sender checked it and the tag).
+        part->delivered = part->size;
+        part->to(RecvState::kWriting);
       } else {
-        part->writes_expected = immediate.stripes;  // its ready-to-send is still on the way
-        part->to(RecvState::kWritesAhead);
+        part->to(RecvState::kWritesAhead);  // its ready-to-send is still on the way
       }
       break;
     case RecvState::kWritesAhead:

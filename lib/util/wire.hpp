@@ -4,6 +4,7 @@
 #pragma once
 
 #include <bit>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -13,6 +14,22 @@ namespace loom::util {
 
 static_assert(std::endian::native == std::endian::little,
               "loom's wire format is little-endian; add byte swaps for this target");
+
+// One field at a place the caller already knows lies inside its span: for records on a
+// per-message path, whose whole length is checked once (WireWriter and WireReader check every
+// field). Returns the place after the field.
+template <std::unsigned_integral T>
+inline std::byte* put_field(std::byte* at, T v) noexcept {
+  std::memcpy(at, &v, sizeof v);
+  return at + sizeof v;
+}
+
+template <std::unsigned_integral T>
+inline T get_field(const std::byte* at) noexcept {
+  T v;
+  std::memcpy(&v, at, sizeof v);
+  return v;
+}
 
 class WireWriter {
  public:
