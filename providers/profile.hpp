@@ -64,6 +64,10 @@ struct Profile {
   // tcp), where the 4 KiB window-64 rate fell 4% (15 interleaved pairs); on shm both copy
   // into the peer's region alike, and the inject spares a CQ write under its lock.
   bool inject_writes = true;
+  // Eager buffers a receiving communicator posts when LOOM_EAGER_CREDITS is auto (its memory:
+  // this many times LOOM_EAGER_MAX). A message sent on a credit needs no clear-to-send first;
+  // without one it waits for its buffer's and is written.
+  unsigned eager_credits = 16;
 };
 
 // The profile for a provider name as fi_info reports it ("verbs;ofi_rxm" -> verbs). Unknown

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -41,7 +42,7 @@ static_assert(kSeqWindow <= (std::size_t{1} << mux::kTagSeqBits));
 // reaches back into the context.
 struct CommSettings {
   std::size_t eager_max = 0;
-  std::size_t eager_credits = 0;
+  std::optional<std::size_t> eager_credits;  // none: the data rail's provider profile decides
   std::size_t inject_max = 0;
   unsigned carry_control = 0;  // LOOM_CARRY_CONTROL
   std::size_t min_stripe = 0;

@@ -8,8 +8,9 @@
 //
 // Nothing waits in the provider's unexpected-message pool: a message leaves only onto a posted
 // eager buffer (a credit) or, without credits, by RDMA write once its buffer is announced.
-// Memory per receiving communicator: LOOM_EAGER_CREDITS x LOOM_EAGER_MAX (16 x 16 KiB), one
-// registration. Eager buffers live on data rail 0: small messages gain nothing from striping.
+// Memory per receiving communicator: LOOM_EAGER_CREDITS x LOOM_EAGER_MAX (16 x 16 KiB; on shm
+// 64 x 16 KiB, its profile's choice), one registration. Eager buffers live on data rail 0:
+// small messages gain nothing from striping.
 //
 // An injected eager message may also carry a clear-to-send batch one of our receiving
 // communicators owes the same peer context (mux/carried_control.hpp; fill_carrier here, the
@@ -18,6 +19,7 @@
 
 #include "mux/carried_control.hpp"
 #include "ofi/memory_registration.hpp"
+#include "ofi/nic.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
 #include "util/cuda_driver.hpp"
@@ -178,7 +180,8 @@ void RecvCommImpl::EagerBuffer::on_completion(ofi::OpContext&, const ofi::Comple
 // endpoints under FI_MR_ENDPOINT), then posted; the first batch grants them.
 void RecvCommImpl::on_peer_connected() {
   lanes_.add_control_source(peer_context_, *lane_, id_);
-  const std::size_t count = settings_.eager_credits;
+  const std::size_t count =
+      settings_.eager_credits.value_or(lane_->rails().data(0).nic().attributes().eager_credits);
   if (count == 0 || eager_max_ == 0 || data_rails_ == 0) return;
   eager_size_ = eager_max_;
   // Not initialized: a page is touched only by the messages that reach it.

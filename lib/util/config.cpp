@@ -26,13 +26,15 @@ std::string range_text(std::uint64_t lo, std::uint64_t hi) {
   return "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
 }
 
-// Integer with an optional k/m/g (binary) suffix.
+// Integer with an optional k/m/g (binary) suffix. `also` names what else the variable
+// accepts, for the error text.
 std::uint64_t parse_number(std::string_view name, std::string_view value, std::uint64_t lo,
-                           std::uint64_t hi) {
+                           std::uint64_t hi, std::string_view also = {}) {
+  const auto refuse = [&] { invalid(name, value, range_text(lo, hi) + std::string(also)); };
   std::uint64_t number = 0;
   const char* end = value.data() + value.size();
   auto [ptr, ec] = std::from_chars(value.data(), end, number);
-  if (ec != std::errc() || ptr == value.data()) invalid(name, value, range_text(lo, hi));
+  if (ec != std::errc() || ptr == value.data()) refuse();
   std::uint64_t scale = 1;
   if (ptr != end) {
     switch (*ptr | 0x20) {
@@ -46,13 +48,13 @@ std::uint64_t parse_number(std::string_view name, std::string_view value, std::u
         scale = 1ull << 30;
         break;
       default:
-        invalid(name, value, range_text(lo, hi));
+        refuse();
     }
-    if (ptr + 1 != end) invalid(name, value, range_text(lo, hi));
+    if (ptr + 1 != end) refuse();
   }
-  if (number > hi / scale) invalid(name, value, range_text(lo, hi));
+  if (number > hi / scale) refuse();
   number *= scale;
-  if (number < lo) invalid(name, value, range_text(lo, hi));
+  if (number < lo) refuse();
   return number;
 }
 
@@ -96,6 +98,22 @@ void check_number(const Config& c, std::string_view name) {
   const auto v = static_cast<std::uint64_t>(c.*Member);
   if (v < Lo || v > Hi) invalid(name, std::to_string(v), range_text(Lo, Hi));
 }
+// A number, or "auto": left to the provider's profile (the member is a std::optional).
+template <auto Member, std::uint64_t Lo, std::uint64_t Hi>
+void set_number_or_auto(Config& c, std::string_view name, std::string_view value) {
+  using T = typename std::remove_reference_t<decltype(c.*Member)>::value_type;
+  if (value == "auto") {
+    (c.*Member).reset();
+    return;
+  }
+  c.*Member = static_cast<T>(parse_number(name, value, Lo, Hi, " or auto"));
+}
+template <auto Member, std::uint64_t Lo, std::uint64_t Hi>
+void check_number_or_auto(const Config& c, std::string_view name) {
+  if (!(c.*Member).has_value()) return;
+  const auto v = static_cast<std::uint64_t>(*(c.*Member));
+  if (v < Lo || v > Hi) invalid(name, std::to_string(v), range_text(Lo, Hi) + " or auto");
+}
 template <auto Member>
 void set_flag(Config& c, std::string_view name, std::string_view value) {
   c.*Member = parse_bool(name, value);
@@ -132,6 +150,11 @@ void check_log_level(const Config& c, std::string_view name) {
 template <auto Member, std::uint64_t Lo, std::uint64_t Hi>
 constexpr Row number(std::string_view name, std::string_view value, std::string_view doc) {
   return {{name, value, doc}, set_number<Member, Lo, Hi>, check_number<Member, Lo, Hi>};
+}
+template <auto Member, std::uint64_t Lo, std::uint64_t Hi>
+constexpr Row number_or_auto(std::string_view name, std::string_view value, std::string_view doc) {
+  return {
+      {name, value, doc}, set_number_or_auto<Member, Lo, Hi>, check_number_or_auto<Member, Lo, Hi>};
 }
 template <auto Member>
 constexpr Row flag(std::string_view name, std::string_view value, std::string_view doc) {
@@ -178,10 +201,12 @@ constexpr Row kTable[] = {
     "largest message sent eagerly (tagged send into one of the receiver's eager buffers, "
     "copied from there into the posted buffer), never above the provider's max_msg_size; "
     "larger messages use RDMA-write rendezvous"),
-  number<&Config::eager_credits, 0, 256>("LOOM_EAGER_CREDITS", "16",
+  number_or_auto<&Config::eager_credits, 0, 256>("LOOM_EAGER_CREDITS", "auto",
     "eager buffers (of LOOM_EAGER_MAX bytes) each receiving communicator posts: its sender "
     "may have this many eager messages in flight before their buffers are announced; the "
-    "rest wait for the announcement and go by RDMA write; 0 = every message waits"),
+    "rest wait for the announcement and go by RDMA write; 0 = every message waits; auto = the "
+    "provider's choice (64 on shm, where a write costs the receiver more than a send: 1 MiB "
+    "per communicator; 16 elsewhere: 256 KiB)"),
   number<&Config::inject_max, 0, 1ull << 20>("LOOM_INJECT_MAX", "15k",
     "largest eager message sent by fi_tinjectdata (no send completion, and room for a carried "
     "clear-to-send) where the provider's inject size allows it, and largest message written by "

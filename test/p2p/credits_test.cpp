@@ -3,11 +3,13 @@
 // its receiver, eager and rendezvous messages mixed, and a peer dying with credits out.
 #include <algorithm>
 #include <csignal>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include <catch2/catch.hpp>
 
+#include "providers/profile.hpp"
 #include "support/p2p_pair.hpp"
 
 namespace loom::test {
@@ -18,7 +20,8 @@ using namespace std::chrono_literals;
 constexpr std::size_t kEagerMax = 16 * 1024;
 constexpr auto kBound = 6000ms;  // peer timeout (2 s) and the slack a loaded CI machine needs
 
-Config credits_config(unsigned credits) {
+// No credits given: LOOM_EAGER_CREDITS=auto, the provider's profile decides.
+Config credits_config(std::optional<unsigned> credits) {
   Config config = test_config(1);
   config.eager_max = kEagerMax;
   config.eager_credits = credits;
@@ -67,9 +70,14 @@ std::size_t test_all(Communicator& comm, const std::vector<Request*>& requests,
 
 // The receiver posts its buffers only when told, in batches of `batch` with `pause` between
 // them (making no progress meanwhile); the sender has posted every message before the first.
-void run_late_receiver(const Layout& layout, unsigned credits, std::size_t batch,
-                       std::chrono::milliseconds pause) {
+// Messages sent ahead before that are at most the credits (LOOM_EAGER_CREDITS, or the
+// provider's where `credits` is empty); with `all_credits`, all but the one message 0 may have
+// taken (its buffer is granted again only with the next batch).
+void run_late_receiver(const Layout& layout, std::optional<unsigned> credits, std::size_t batch,
+                       std::chrono::milliseconds pause, bool all_credits = false) {
   const std::size_t n = layout.sizes.size();
+  const unsigned granted =
+      credits.value_or(providers::profile_for(test_config().provider).eager_credits);
   auto receiver = [&](Channel& channel) {
     Context context(credits_config(credits));
     Listener listener = context.listen();
@@ -136,8 +144,9 @@ void run_late_receiver(const Layout& layout, unsigned credits, std::size_t batch
     require(test_all(*out, sends, done, 300ms) == 0,
             "a send completed before its buffer was posted");
     const std::uint64_t ahead = out->stats().eager - eager_before;
-    require(ahead >= 1 && ahead <= credits, std::to_string(ahead) + " messages went ahead on " +
-                                                std::to_string(credits) + " credits");
+    require(
+        ahead >= (all_credits ? granted - 1 : 1) && ahead <= granted,
+        std::to_string(ahead) + " messages went ahead on " + std::to_string(granted) + " credits");
     channel.send_value(2);
     test_all(*out, sends, done, 60s);
     require(std::all_of(done.begin(), done.end(), [](bool d) { return d; }), "sends pending");
@@ -158,6 +167,14 @@ TEST_CASE("p2p eager credits run out and come back", "[credits]") {
   std::vector<std::size_t> sizes;
   for (std::size_t k = 0; k < 41; ++k) sizes.push_back((k * 997) % kEagerMax);
   run_late_receiver(Layout(sizes, sizes), 4, 8, 50ms);
+}
+
+// Without LOOM_EAGER_CREDITS each provider's profile sets the credits (shm 64, others 16):
+// exactly that many of 100 small messages go ahead before any buffer is posted.
+TEST_CASE("p2p eager credits default to the provider's", "[credits]") {
+  std::vector<std::size_t> sizes;
+  for (std::size_t k = 0; k < 101; ++k) sizes.push_back(64 + (k * 131) % 2000);
+  run_late_receiver(Layout(sizes, sizes), std::nullopt, 50, 20ms, true);
 }
 
 TEST_CASE("p2p a sender far ahead of a receiver that posts late", "[credits]") {

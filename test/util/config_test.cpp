@@ -88,6 +88,22 @@ TEST_CASE("config: values, suffixes and lists parse", "[util]") {
   CHECK(c.ngroups == 0);
 }
 
+// LOOM_EAGER_CREDITS takes a number or "auto" (the default: the provider's profile decides).
+TEST_CASE("config: eager credits are a number or auto", "[util]") {
+  CHECK_FALSE(Config{}.eager_credits.has_value());
+  CHECK(Config::from_values({{"LOOM_EAGER_CREDITS", "0"}}).eager_credits == 0u);
+  CHECK(Config::from_values({{"LOOM_EAGER_CREDITS", "256"}}).eager_credits == 256u);
+  CHECK_FALSE(Config::from_values({{"LOOM_EAGER_CREDITS", "auto"}}).eager_credits.has_value());
+  CHECK_THROWS_WITH(Config::from_values({{"LOOM_EAGER_CREDITS", "257"}}),
+                    Catch::Contains("LOOM_EAGER_CREDITS=\"257\"") &&
+                        Catch::Contains("[0, 256] or auto"));
+  CHECK_THROWS_WITH(Config::from_values({{"LOOM_EAGER_CREDITS", "Auto"}}),
+                    Catch::Contains("LOOM_EAGER_CREDITS"));
+  Config c;
+  c.eager_credits = 300;
+  CHECK_THROWS_WITH(c.validate(), Catch::Contains("LOOM_EAGER_CREDITS"));
+}
+
 TEST_CASE("config: invalid values are errors naming the variable", "[util]") {
   CHECK_THROWS_WITH(Config::from_values({{"LOOM_DATA_RAILS", "0"}}),
                     Catch::Contains("LOOM_DATA_RAILS=\"0\"") && Catch::Contains("[1, 16]"));
