@@ -94,9 +94,9 @@ TEST_CASE("config: eager credits are a number or auto", "[util]") {
   CHECK(Config::from_values({{"LOOM_EAGER_CREDITS", "0"}}).eager_credits == 0u);
   CHECK(Config::from_values({{"LOOM_EAGER_CREDITS", "256"}}).eager_credits == 256u);
   CHECK_FALSE(Config::from_values({{"LOOM_EAGER_CREDITS", "auto"}}).eager_credits.has_value());
-  CHECK_THROWS_WITH(Config::from_values({{"LOOM_EAGER_CREDITS", "257"}}),
-                    Catch::Contains("LOOM_EAGER_CREDITS=\"257\"") &&
-                        Catch::Contains("[0, 256] or auto"));
+  CHECK_THROWS_WITH(
+      Config::from_values({{"LOOM_EAGER_CREDITS", "257"}}),
+      Catch::Contains("LOOM_EAGER_CREDITS=\"257\"") && Catch::Contains("[0, 256] or auto"));
   CHECK_THROWS_WITH(Config::from_values({{"LOOM_EAGER_CREDITS", "Auto"}}),
                     Catch::Contains("LOOM_EAGER_CREDITS"));
   Config c;
