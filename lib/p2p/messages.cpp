@@ -276,8 +276,8 @@ const char* to_string(RejectReason reason) {
 }
 
 // The batch is checked once, whole, and its fields written unchecked: a clear-to-send carries
-// an entry for every message, so per-field bounds tests were a tenth of a receiver's own work
-// per 4 KiB message on shm.
+// an entry for every message, and per-field bounds tests made encoding 64 of the ~930
+// instructions a receiver's own code spends per 4 KiB message on shm (42 without).
 std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
   if (m.data_rails == 0 || m.data_rails > kMaxDataRails ||
       m.count > max_cts_entries(m.data_rails) || (m.count == 0 && m.credits == 0) ||
