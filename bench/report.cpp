@@ -73,7 +73,7 @@ void Report::header() const {
       "\n# data rails %u, control rails %u, comms %u, groups %u%s, eager limit %s, "
       "min stripe %s, window %zu%s%s\n",
       c.data_rails, c.ctrl_rails, options_.comms, c.ngroups, c.ngroups == 0 ? " (no sharing)" : "",
-      size_text(c.eager_max).c_str(), size_text(c.min_stripe).c_str(), options_.window,
+      size_text(first.eager_max).c_str(), size_text(c.min_stripe).c_str(), options_.window,
       options_.bidir ? ", bidir" : "", options_.verify ? ", verified" : "");
   std::printf("%-8s %-8s %-8s %-9s %-10s %-10s %-11s %-8s %-9s %-9s %-9s\n", "bytes", "iters",
               "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec", "GB/s", "lat(us)", "p50(us)",

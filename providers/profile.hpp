@@ -68,6 +68,16 @@ struct Profile {
   // this many times LOOM_EAGER_MAX). A message sent on a credit needs no clear-to-send first;
   // without one it waits for its buffer's and is written.
   unsigned eager_credits = 16;
+  // Non-zero where a send or write longer than this completes only once the peer took it and
+  // the provider completes an endpoint's operations in the order they were posted (shm 1.17's
+  // response queue): one to a peer that stopped taking them (dead, stopped, slow) would hold up
+  // every later completion on the lane, to every peer. loom then keeps eager messages within
+  // it and writes a longer stripe in two parts: its body without remote CQ data, which shm
+  // copies into the peer's memory itself, in the call, and completes at once where it may
+  // (process_vm_writev: same user, ptrace allowed), then, once that completed, its last bytes
+  // with the CQ data. Each part is either done when it completes or handled in the order it
+  // was posted on the peer's side, so the CQ data arrives after the whole stripe.
+  std::size_t peer_paced_above = 0;
 };
 
 // The profile for a provider name as fi_info reports it ("verbs;ofi_rxm" -> verbs). Unknown

@@ -44,6 +44,11 @@ std::size_t remove_regions(int pid) {
 // only the pages it fills; shm's peers are the processes of one host.
 constexpr unsigned kShmEagerCredits = 64;
 
+// shm 1.17 completes sends and writes above its inject size (SMR_INJECT_SIZE) when the peer
+// answers, through a response queue it reads in order (smr_progress_resp stops at the first
+// busy entry); a fast write (process_vm_writev, no CQ data) completes in the call.
+constexpr std::size_t kShmInjectSize = 4096;
+
 }  // namespace
 
 const Profile kShmProfile{
@@ -54,6 +59,7 @@ const Profile kShmProfile{
     .remove_leftovers = remove_regions,
     .carry_control = false,
     .eager_credits = kShmEagerCredits,
+    .peer_paced_above = kShmInjectSize,
 };
 
 }  // namespace loom::providers

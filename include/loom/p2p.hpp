@@ -103,8 +103,10 @@ class Communicator {
   // through it read or write those instead of what is now at the address.
   MemoryRegion register_memory(const void* data, std::size_t size,
                                MemoryType type = MemoryType::kHost, int device = 0);
-  // Releases the region (and the provider registration with its last user). Deregister before
-  // freeing the memory, and only once no request using the region is pending.
+  // Releases the region (and the provider registration with its last user). The handle is
+  // invalid at once; a region that pending requests still use is released when the last of
+  // them ended (the provider may still read or write through it until then), so its memory
+  // must stay allocated until those requests are done. Deregister before freeing the memory.
   void deregister(MemoryRegion region);
 
   // Makes progress; `done` turns true once the request finished, and the request is released
@@ -112,14 +114,13 @@ class Communicator {
   // it runs, returns kOk with done == false. `sizes` receives the delivered size of each buffer
   // of a receive (or the size sent).
   Status test(Request* request, bool& done, std::span<std::size_t> sizes = {});
-  // test() until done. A peer that stays silent for LOOM_PEER_TIMEOUT_MS fails the request
-  // (kPeerError). The peer answers only while its process calls isend, irecv, test or wait on
-  // its communicators; connecting or accepting others does not count, so a process that sets
-  // up many communicators while its peers already wait on it must keep testing the ones it
-  // has, or its peers need a timeout longer than the setup. A live peer that makes those calls
-  // but never posts the matching request does not fail it: wait returns
-  // kInProgress once `timeout` passed, the request still pending (test or wait on it again).
-  // While nothing completes it yields the CPU, then sleeps in steps of up to a millisecond.
+  // test() until done. A peer that stays silent for LOOM_PEER_TIMEOUT_MS (dead, unreachable, or
+  // stopped) fails the request (kPeerError). A live process answers whatever its application
+  // does: its context progresses the lanes nobody else does in the background (a thread that
+  // sleeps between turns). A live peer that never posts the matching request does not fail
+  // it: wait returns kInProgress once `timeout` passed, the request still pending (test or wait
+  // on it again). While nothing completes it yields the CPU, then sleeps in steps of up to a
+  // millisecond.
   Status wait(Request* request, std::span<std::size_t> sizes = {},
               std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
 
@@ -128,8 +129,10 @@ class Communicator {
   // idempotent. What the peer's pending requests become (see the README's Failures section):
   // a message this side had received, or had handed to the provider whole, still completes
   // over there with its own outcome; the others fail with kPeerError. Returns once the
-  // provider handed back this side's operations (at most 200 ms; a communicator whose
-  // operations are still out then is freed when they are).
+  // provider handed back this side's operations and the writes the peer had posted into this
+  // side's buffers arrived, unless the peer is lost (silent for LOOM_PEER_TIMEOUT_MS): then
+  // this side's buffers are its own again. The close notice leaves in the background where the
+  // provider cannot take it yet (the lane stays open for it, up to LOOM_PEER_TIMEOUT_MS).
   void close();
 
   [[nodiscard]] const std::string& last_error() const noexcept;
@@ -219,6 +222,10 @@ struct NicDescription {
   // The largest message isend takes through this NIC alone: a rendezvous message is striped
   // over up to 8 writes, none longer than the provider's max_msg_size.
   std::size_t max_message_size = 0;
+  // The largest message sent eagerly through this NIC: LOOM_EAGER_MAX, or less where the
+  // provider takes less in one transfer or completes longer sends only once the peer took them
+  // (shm: 4 KiB, so that a peer that stops cannot hold up the others' completions).
+  std::size_t eager_max = 0;
 };
 
 struct RailDescription {
@@ -251,6 +258,10 @@ struct ContextStats {
   std::vector<LaneDescription> lanes;
   std::vector<std::pair<std::string, std::size_t>> endpoints_per_nic;  // lanes' endpoints
   std::uint64_t lanes_opened = 0;
+  // Lanes their last communicator left whose endpoints stay open until their last control
+  // messages (a close notice waiting for the provider to reach the peer) are out, or
+  // LOOM_PEER_TIMEOUT_MS passed. Not in `lanes`.
+  std::size_t closing_lanes = 0;
 };
 
 // The libfabric provider parameters loom recommends for the providers `config` names

@@ -135,8 +135,25 @@ Status ControlChannel::send(std::size_t rail_index, ofi::Address peer, std::uint
   return status;
 }
 
+Status ControlChannel::send_or_queue(std::size_t rail, ofi::Address peer, std::uint8_t type,
+                                     CommId comm, std::span<const std::byte> body,
+                                     std::chrono::steady_clock::time_point deadline) {
+  // Behind what waits already: the peer takes a communicator's messages in order.
+  const Status status = outbox_.empty() ? send(rail, peer, type, comm, body, true) : Status::kRetry;
+  if (status != Status::kRetry) return status;
+  outbox_.push_back(Queued{.rail = rail,
+                           .peer = peer,
+                           .type = type,
+                           .comm = comm,
+                           .body = {body.begin(), body.end()},
+                           .deadline = deadline});
+  return Status::kOk;
+}
+
 bool ControlChannel::sending_to(std::size_t rail, ofi::Address peer) const noexcept {
-  if (!sends_in_flight()) return false;
+  for (const Queued& queued : outbox_)
+    if (queued.rail == rail && queued.peer == peer) return true;
+  if (free_tx_.size() == kTxSlots) return false;
   std::bitset<kTxSlots> free;
   for (std::uint32_t index : free_tx_) free.set(index);
   for (const Slot& slot : tx_slots_) {
@@ -145,11 +162,32 @@ bool ControlChannel::sending_to(std::size_t rail, ofi::Address peer) const noexc
   return false;
 }
 
-void ControlChannel::retry_reposts() {
+void ControlChannel::retry() {
   while (!reposts_.empty()) {
-    if (post_receive(rx_slots_[reposts_.back()]) != Status::kOk) return;
+    if (post_receive(rx_slots_[reposts_.back()]) != Status::kOk) break;
     reposts_.pop_back();
   }
+  if (!outbox_.empty()) [[unlikely]]
+    send_queued();
+}
+
+void ControlChannel::send_queued() {
+  const auto now = std::chrono::steady_clock::now();
+  std::size_t sent = 0;
+  for (; sent < outbox_.size(); ++sent) {
+    Queued& queued = outbox_[sent];
+    const Status status = now > queued.deadline ? Status::kError
+                                                : send(queued.rail, queued.peer, queued.type,
+                                                       queued.comm, queued.body, true);
+    if (status == Status::kRetry) break;
+    if (status != Status::kOk) {
+      util::log().debug("control message type {} for comm {} on {} dropped: {}", queued.type,
+                        queued.comm, rails_[queued.rail]->describe(),
+                        now > queued.deadline ? "the peer took nothing until its deadline"
+                                              : rails_[queued.rail]->last_error());
+    }
+  }
+  outbox_.erase(outbox_.begin(), outbox_.begin() + static_cast<std::ptrdiff_t>(sent));
 }
 
 void ControlChannel::on_completion(ofi::OpContext& op, const ofi::Completion& completion) {

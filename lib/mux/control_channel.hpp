@@ -4,6 +4,7 @@
 // its body reaches the sink; anything else is counted and dropped.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -30,7 +31,7 @@ inline constexpr std::uint16_t kControlMagic = 0x4D4C;  // "LM"
 // the handshake with a reason before anything else is exchanged. Bump it for any change in
 // what goes on the wire or what it means, and regenerate test/fuzz/corpus (fuzz-seeds fails
 // until then).
-inline constexpr std::uint8_t kProtocolVersion = 8;
+inline constexpr std::uint8_t kProtocolVersion = 9;
 inline constexpr std::size_t kControlHeaderBytes = 8;
 inline constexpr std::size_t kMaxControlMessage = 2048;
 inline constexpr std::size_t kMaxControlBody = kMaxControlMessage - kControlHeaderBytes;
@@ -77,13 +78,25 @@ class ControlChannel final : ofi::CompletionHandler {
   // closes: rxd drops it).
   Status send(std::size_t rail, ofi::Address peer, std::uint8_t type, CommId comm,
               std::span<const std::byte> body, bool confirmed = false);
-  // Sends from registered slots whose completion has not come back yet.
-  [[nodiscard]] bool sends_in_flight() const noexcept { return free_tx_.size() != kTxSlots; }
-  // Whether such a send to `peer` on rail `rail` is in flight.
+  // Sends confirmed, as send() does, a message that must leave although the provider pushes
+  // back now: the first message to a peer waits until the provider reached it (rxm connects,
+  // shm exchanges names), which takes the peer's progress. What send() cannot post now waits
+  // in the outbox and is posted again at every retry() until `deadline`, then dropped (logged):
+  // a peer that takes nothing for that long is gone. kOk: sent or queued; kInvalid, kError as
+  // send().
+  Status send_or_queue(std::size_t rail, ofi::Address peer, std::uint8_t type, CommId comm,
+                       std::span<const std::byte> body,
+                       std::chrono::steady_clock::time_point deadline);
+  // Sends from registered slots whose completion has not come back yet, or queued.
+  [[nodiscard]] bool sends_in_flight() const noexcept {
+    return free_tx_.size() != kTxSlots || !outbox_.empty();
+  }
+  // Whether such a send to `peer` on rail `rail` is in flight or queued.
   [[nodiscard]] bool sending_to(std::size_t rail, ofi::Address peer) const noexcept;
 
-  // Reposts receive buffers the provider refused earlier. Called from the owner's progress.
-  void retry_reposts();
+  // Reposts receive buffers the provider refused earlier and posts what the outbox holds.
+  // Called from the owner's progress.
+  void retry();
 
  private:
   struct Slot {
@@ -99,6 +112,7 @@ class ControlChannel final : ofi::CompletionHandler {
   std::byte* rx_buffer(const Slot& slot) noexcept;
   std::byte* tx_buffer(const Slot& slot) noexcept;
   Status post_receive(Slot& slot);
+  void send_queued();
 
   std::vector<ofi::Rail*> rails_;
   ControlSink* sink_;
@@ -109,6 +123,16 @@ class ControlChannel final : ofi::CompletionHandler {
   std::vector<Slot> tx_slots_;
   std::vector<std::uint32_t> free_tx_;
   std::vector<std::uint32_t> reposts_;
+  // send_or_queue(): messages the provider did not take yet, oldest first.
+  struct Queued {
+    std::size_t rail;
+    ofi::Address peer;
+    std::uint8_t type;
+    CommId comm;
+    std::vector<std::byte> body;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::vector<Queued> outbox_;
   // Registrations bound to the control endpoints: declared last, closed first.
   std::unique_ptr<ofi::MemoryRegistration> rx_registration_;
   std::unique_ptr<ofi::MemoryRegistration> tx_registration_;

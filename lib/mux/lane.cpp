@@ -58,12 +58,14 @@ Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey 
 
 Lane::~Lane() {
   if (!deferred_ids_.empty()) deferred_lanes_->fetch_sub(1, std::memory_order_relaxed);
-  // Operations of retired communicators (sends to a peer that went away) get a last chance to
-  // complete, with an error where the connection is gone: rxm crashes closing an endpoint
-  // whose write is still queued on a connection the peer reset.
+  // The registry closes a lane once it is quiescent, or when its time ran out. Operations of
+  // retired communicators (sends to a peer that went away) then get a last chance to complete,
+  // with an error where the connection is gone: rxm crashes closing an endpoint whose write is
+  // still queued on a connection the peer reset.
   const auto deadline = std::chrono::steady_clock::now() + kLastDrain;
-  while (!retired_.empty() && std::chrono::steady_clock::now() < deadline) {
+  while (!quiescent() && std::chrono::steady_clock::now() < deadline) {
     rails_->progress();
+    control_->retry();
     free_drained();
   }
   if (!retired_.empty()) {
@@ -222,14 +224,22 @@ void Lane::dispatch_inbox() {
   draining_.clear();
 }
 
+bool Lane::quiescent() const noexcept {
+  if (control_->sends_in_flight()) return false;
+  return std::all_of(retired_.begin(), retired_.end(), [](const std::unique_ptr<CommPort>& port) {
+    return port->drained() || port->abandoned();
+  });
+}
+
 std::size_t Lane::progress() {
+  progressed_.store(true, std::memory_order_relaxed);
   // What came carried on another lane's messages, then batched control messages and posts held
   // back by back-pressure, so what the peer waits for leaves before we look for what we wait
   // for.
   drain_inbox();
   run_deferred();
   const std::size_t handled = rails_->progress();
-  control_->retry_reposts();
+  control_->retry();
   if (!retired_.empty()) [[unlikely]]
     free_drained();
   if (!released_.empty()) [[unlikely]]

@@ -67,6 +67,10 @@ class CommPort {
   }
   // Closed and retired (Lane::retire): whether the provider handed back all its operations.
   [[nodiscard]] virtual bool drained() const noexcept = 0;
+  // Retired with operations out towards a peer that is lost (dead or unreachable): they may
+  // never come back (shm keeps them for a peer that never takes them), so they do not keep the
+  // lane's endpoints open; closing the endpoints ends them.
+  [[nodiscard]] virtual bool abandoned() const noexcept = 0;
   // Retired, and its lane closing: its registrations (held for the operations still out) go
   // with the lane's registration cache, not one by one.
   virtual void abandon_registrations() noexcept = 0;
@@ -137,6 +141,16 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
                     std::span<const ofi::Address> control) noexcept;
   // Peers in the AVs (of any rail).
   [[nodiscard]] std::size_t peers() const noexcept;
+
+  // Nothing of the lane's is still on its way: no control message in flight or queued, no
+  // retired communicator with operations out (other than abandoned ones). A lane whose last
+  // communicator left closes once it is (LaneRegistry).
+  [[nodiscard]] bool quiescent() const noexcept;
+  // Whether progress() ran since the last call (LaneRegistry's background progress skips lanes
+  // their communicators keep progressing). Readable without the lane's mutex.
+  [[nodiscard]] bool take_progressed() noexcept {
+    return progressed_.exchange(false, std::memory_order_relaxed);
+  }
 
   // Runs the deferred work, then polls the completion queues. This is when a control message
   // batched by a communicator (clear-to-send, ready-to-send) leaves the host: at the next
@@ -213,6 +227,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   std::vector<CommId> deferred_ids_;
   std::vector<CommId> running_ids_;
   std::atomic<bool> has_deferred_{false};
+  std::atomic<bool> progressed_{false};
   std::atomic<std::size_t>* deferred_lanes_;
   struct Peer {
     ofi::Address address;

@@ -6,11 +6,40 @@
 #include "util/log.hpp"
 
 namespace loom::mux {
+namespace {
 
-LaneRegistry::LaneRegistry(std::vector<ofi::Nic*> nics, LaneShape shape, unsigned ngroups)
-    : nics_(std::move(nics)), shape_(shape), ngroups_(ngroups) {}
+// How often a lane left to close is progressed in the background.
+constexpr auto kClosingTurn = std::chrono::milliseconds(1);
 
-LaneRegistry::~LaneRegistry() = default;
+}  // namespace
+
+LaneRegistry::LaneRegistry(std::vector<ofi::Nic*> nics, LaneShape shape, unsigned ngroups,
+                           std::chrono::milliseconds idle_period,
+                           std::chrono::milliseconds closing_limit)
+    : nics_(std::move(nics)),
+      shape_(shape),
+      ngroups_(ngroups),
+      idle_period_(std::max(idle_period, std::chrono::milliseconds(1))),
+      closing_limit_(closing_limit) {}
+
+// Lanes still open here belong to communicators that outlive their context's registry, which
+// the API does not allow (a communicator holds its context); only closing ones are left.
+LaneRegistry::~LaneRegistry() {
+  std::unique_lock lock(mutex_);
+  stopping_ = true;
+  lock.unlock();
+  wake_.notify_all();
+  if (background_.joinable()) background_.join();
+  lock.lock();
+  while (!closing_.empty()) {
+    std::vector<std::unique_ptr<Lane>> finished;
+    background_turn(finished);
+    lock.unlock();
+    finished.clear();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    lock.lock();
+  }
+}
 
 ofi::RailPlacement LaneRegistry::default_placement() const {
   return ofi::RailPlacement::round_robin(nics_, shape_.data_rails, shape_.control_rails);
@@ -39,6 +68,7 @@ Lane& LaneRegistry::join(std::uint64_t peer, Direction direction,
     }
     ++lanes_opened_;
     order_.push_back(entry.lane.get());
+    if (!background_.joinable()) background_ = std::thread([this] { run_background(); });
     std::lock_guard carriers(carriers_mutex_);
     by_id_.push_back(entry.lane.get());
   }
@@ -58,15 +88,60 @@ void LaneRegistry::leave(Lane& lane, std::uint64_t peer) {
       util::log().error("lane registry: leave() for a lane it does not hold ({})", lane.id());
       return;
     }
-    if (--it->second.references == 0) {
-      closing = std::move(it->second.lane);
-      lanes_.erase(it);
-      std::erase(order_, closing.get());
+    if (--it->second.references != 0) return;
+    closing = std::move(it->second.lane);
+    lanes_.erase(it);
+    std::erase(order_, closing.get());
+    {
       std::lock_guard carriers(carriers_mutex_);
       std::erase(by_id_, closing.get());
     }
+    std::lock_guard lane_lock(closing->mutex());
+    if (!closing->quiescent()) {
+      util::log().debug("lane {} closes once its last messages are out", closing->id());
+      closing_.push_back(
+          Closing{std::move(closing), std::chrono::steady_clock::now() + closing_limit_});
+    }
   }
+  if (!closing) wake_.notify_all();
   // Closed outside the registry lock: closing endpoints can take a while.
+}
+
+void LaneRegistry::run_background() {
+  std::unique_lock lock(mutex_);
+  while (!stopping_) {
+    // A lane left to close is looked at again soon: its peer may be waiting for its last message.
+    wake_.wait_for(lock, closing_.empty() ? idle_period_ : std::min(idle_period_, kClosingTurn));
+    if (stopping_) break;
+    std::vector<std::unique_ptr<Lane>> finished;
+    background_turn(finished);
+    if (finished.empty()) continue;
+    finishing_ += finished.size();
+    lock.unlock();
+    const std::size_t count = finished.size();
+    finished.clear();  // endpoints close outside the registry lock
+    lock.lock();
+    finishing_ -= count;
+  }
+}
+
+void LaneRegistry::background_turn(std::vector<std::unique_ptr<Lane>>& finished) {
+  for (Lane* lane : order_) {
+    if (lane->take_progressed()) continue;
+    std::unique_lock lane_lock(lane->mutex(), std::try_to_lock);
+    if (lane_lock.owns_lock()) lane->progress();
+  }
+  const auto now = std::chrono::steady_clock::now();
+  std::erase_if(closing_, [&](Closing& closing) {
+    Lane& lane = *closing.lane;
+    std::unique_lock lane_lock(lane.mutex(), std::try_to_lock);
+    if (!lane_lock.owns_lock()) return false;
+    lane.progress();
+    if (!lane.quiescent() && now < closing.deadline) return false;
+    lane_lock.unlock();
+    finished.push_back(std::move(closing.lane));
+    return true;
+  });
 }
 
 void LaneRegistry::progress_another(const Lane& busy) {
@@ -151,6 +226,7 @@ RegistryStats LaneRegistry::stats() const {
   std::lock_guard lock(mutex_);
   RegistryStats stats;
   stats.lanes_opened = lanes_opened_;
+  stats.closing = closing_.size() + finishing_;
   for (const auto& [key, entry] : lanes_) {
     Lane& lane = *entry.lane;
     std::lock_guard lane_lock(lane.mutex());

@@ -3,9 +3,21 @@
 // direction) mod m, so one peer's communicators spread over the m lanes as NCCL's channels do;
 // the first one in a group opens the lane, the others take a reference. m == 0 turns sharing
 // off (a lane per communicator) for comparison.
+//
+// Background progress. With manual progress a lane moves only while its process calls in, yet
+// its peers rely on it moving while the application does something else: pings must be
+// answered (an idle process is not a dead one), a rendezvous write the peer waits for must
+// drain out of the socket, a control message to a peer not reached yet must go once the
+// provider reaches it. So from the first lane on, a thread of the registry wakes every
+// `idle_period` (it sleeps on a condition variable meanwhile, never spins) and progresses each
+// lane nobody progressed since its last turn; try_lock keeps it from ever waiting for a lane an
+// application thread holds. It also closes the lanes whose last communicator left once nothing
+// of theirs is on its way (Lane::quiescent), or `closing_limit` after they were left.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -13,6 +25,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mux/lane.hpp"
@@ -47,11 +60,14 @@ struct RegistryStats {
   std::vector<LaneSummary> lanes;
   std::map<std::string, std::size_t> endpoints_per_nic;  // by domain name
   std::uint64_t lanes_opened = 0;                        // since the registry was made
+  std::size_t closing = 0;                               // left, not closed yet
 };
 
 class LaneRegistry {
  public:
-  LaneRegistry(std::vector<ofi::Nic*> nics, LaneShape shape, unsigned ngroups);
+  LaneRegistry(std::vector<ofi::Nic*> nics, LaneShape shape, unsigned ngroups,
+               std::chrono::milliseconds idle_period, std::chrono::milliseconds closing_limit);
+  // Closes the lanes still closing, each within its closing limit, then stops the thread.
   ~LaneRegistry();
   LaneRegistry(const LaneRegistry&) = delete;
   LaneRegistry& operator=(const LaneRegistry&) = delete;
@@ -62,7 +78,8 @@ class LaneRegistry {
   // group whose rails are where `placement` puts them, opened if there is none. Throws
   // loom::Error if a lane cannot open.
   Lane& join(std::uint64_t peer, Direction direction, const ofi::RailPlacement& placement);
-  // A communicator to `peer` is gone from `lane` for good; the last one out closes it.
+  // A communicator to `peer` is gone from `lane` for good; the last one out closes it, at once
+  // when it is quiescent, else in the background (see above).
   void leave(Lane& lane, std::uint64_t peer);
 
   // Progresses one lane other than `busy`, round robin, if neither the registry nor that lane
@@ -111,6 +128,15 @@ class LaneRegistry {
     std::uint64_t ordinals[2] = {0, 0};  // by Direction
     std::size_t open = 0;
   };
+  struct Closing {
+    std::unique_ptr<Lane> lane;
+    std::chrono::steady_clock::time_point deadline;
+  };
+
+  // The background thread's loop, and one turn of it (under mutex_); lanes done closing are
+  // moved to `finished`, to be destroyed outside the lock.
+  void run_background();
+  void background_turn(std::vector<std::unique_ptr<Lane>>& finished);
 
   std::vector<ofi::Nic*> nics_;
   LaneShape shape_;
@@ -124,6 +150,13 @@ class LaneRegistry {
   std::uint64_t next_private_group_ = 0;      // ngroups 0: a group per communicator
   std::uint64_t next_lane_id_ = 1;
   std::uint64_t lanes_opened_ = 0;
+  std::vector<Closing> closing_;
+  std::size_t finishing_ = 0;  // taken off closing_, their endpoints closing outside mutex_
+  std::chrono::milliseconds idle_period_;
+  std::chrono::milliseconds closing_limit_;
+  std::condition_variable wake_;  // leave() of a lane that must close in the background, or stop
+  bool stopping_ = false;
+  std::thread background_;  // started by the first lane
 
   // Carried control: taken under a lane's lock; never held while waiting for a lane's lock.
   struct ControlSource {

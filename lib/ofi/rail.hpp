@@ -127,6 +127,9 @@ class Rail {
                      std::uint64_t ignore, OpContext* op);
   Status write(Address peer, const void* buffer, std::size_t length, void* desc,
                std::uint64_t remote_address, std::uint64_t key, std::uint32_t data, OpContext* op);
+  // A write without remote CQ data: the target learns of it only from what follows.
+  Status write(Address peer, const void* buffer, std::size_t length, void* desc,
+               std::uint64_t remote_address, std::uint64_t key, OpContext* op);
   // No completion, no descriptor; `length` at most the NIC's inject_size, host memory only.
   Status inject_write(Address peer, const void* buffer, std::size_t length,
                       std::uint64_t remote_address, std::uint64_t key, std::uint32_t data);

@@ -88,6 +88,15 @@ Status Rail::write(Address peer, const void* buffer, std::size_t length, void* d
   return Status::kOk;
 }
 
+Status Rail::write(Address peer, const void* buffer, std::size_t length, void* desc,
+                   std::uint64_t remote_address, std::uint64_t key, OpContext* op) {
+  long rc = fi_write(endpoint_.get(), buffer, length, desc, peer, remote_address, key, op);
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_write", rc);
+  stats_.bytes_written += length;
+  return Status::kOk;
+}
+
 Status Rail::inject_write(Address peer, const void* buffer, std::size_t length,
                           std::uint64_t remote_address, std::uint64_t key, std::uint32_t data) {
   long rc = fi_inject_writedata(endpoint_.get(), buffer, length, data, peer, remote_address, key);

@@ -63,6 +63,8 @@ class RailSet {
   // whenever no data came.
   std::size_t progress();
   static constexpr unsigned kIdleControlSkips = 8;
+  // The next progress() reads the control CQs whatever came on the data rails.
+  void read_control_next() noexcept { control_skips_left_ = 0; }
   // Remote writes arriving on any of the set's rails go to `handler`.
   void set_remote_write_handler(RemoteWriteHandler* handler) noexcept;
 

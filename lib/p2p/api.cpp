@@ -163,7 +163,9 @@ std::vector<NicDescription> Context::nics() const {
                    .device_memory = a.device_memory,
                    .device_memory_note = a.device_memory_note,
                    .link_speed_mbps = a.link_speed_bps / 1'000'000,
-                   .max_message_size = p2p::max_message_size(a.max_msg_size)});
+                   .max_message_size = p2p::max_message_size(a.max_msg_size),
+                   .eager_max = p2p::eager_limit(core_->config().eager_max, a.max_msg_size,
+                                                 a.peer_paced_above)});
   }
   return out;
 }
@@ -172,6 +174,7 @@ ContextStats Context::stats() const {
   const mux::RegistryStats registry = core_->lanes().stats();
   ContextStats stats;
   stats.lanes_opened = registry.lanes_opened;
+  stats.closing_lanes = registry.closing;
   for (const auto& lane : registry.lanes) {
     LaneDescription description{.id = lane.id,
                                 .send = lane.direction == mux::Direction::kSend,

@@ -62,7 +62,7 @@ std::size_t Bootstrap::rail_for(std::span<const std::byte> peer) const {
 
 void Bootstrap::progress() {
   for (auto& rail : rails_) rail->progress();
-  channel_->retry_reposts();
+  channel_->retry();
   send_outbox();
 }
 

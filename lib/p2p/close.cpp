@@ -12,13 +12,6 @@
 #include "util/log.hpp"
 
 namespace loom::p2p {
-namespace {
-
-// How long close() waits for the provider to hand back operations of the communicator before
-// leaving them to the lane (freed once they complete, at the latest when its endpoints close).
-constexpr auto kCloseDrain = std::chrono::milliseconds(200);
-
-}  // namespace
 
 void Comm::on_peer_close(std::span<const std::byte> body) {
   if (peer_gone()) return;
@@ -28,11 +21,34 @@ void Comm::on_peer_close(std::span<const std::byte> body) {
     return;
   }
   peer_ = PeerState::kClosed;
-  peer_gone_ = "the peer closed the communicator";
+  switch (notice.reason) {
+    case CloseReason::kClosed:
+      peer_gone_ = "the peer closed the communicator";
+      break;
+    case CloseReason::kFailed:
+      peer_gone_ = "the peer ended the communicator after a provider error on its side";
+      break;
+    case CloseReason::kLost:
+      peer_gone_ =
+          "the peer took this side for dead (it heard nothing from it for its "
+          "LOOM_PEER_TIMEOUT_MS) and gave up on the communicator";
+      break;
+  }
   close_deadline_ = std::chrono::steady_clock::now() + settings_.peer_timeout;
   util::log().debug("comm {} on lane {}: the peer closed; it finished messages below {}", id_,
                     lane_->id(), notice.complete_below);
-  fail_unfinished(notice, peer_gone_);
+  if (notice.awaits_writes) send_writes_posted();
+  fail_unfinished(notice, Status::kPeerError, peer_gone_);
+}
+
+void Comm::break_off(const std::string& why) {
+  if (peer_gone() || closed_) return;
+  util::log().warn("comm {} on lane {}: ended after a provider error: {}", id_, lane_->id(), why);
+  const CloseNotice notice = close_notice(CloseReason::kFailed);
+  if (!peer_control_.empty()) send_close_notice(notice);
+  peer_ = PeerState::kBroken;
+  peer_gone_ = "the communicator ended after a provider error: " + why;
+  fail_unfinished(notice, Status::kError, peer_gone_);
 }
 
 CloseNotice Comm::notice_for(std::uint32_t next, const std::vector<std::uint32_t>& unfinished) {
@@ -64,34 +80,23 @@ void Comm::close(std::unique_ptr<Comm> self) {
     lane.progress();
     util::log().debug("closing comm {} on lane {} (peer comm {}{})", self->id_, lane.id(),
                       self->peer_id_, self->peer_gone() ? ", the peer is gone" : "");
-    const auto deadline = std::chrono::steady_clock::now() + kCloseDrain;
     if (!self->peer_gone() && !self->peer_control_.empty()) {
-      // Tells the peer how far we got, so that what arrived stays delivered over there.
-      std::byte body[close_notice_bytes(kCloseWindow)];
-      const std::size_t length = encode_close(self->close_notice(), body);
-      Status sent = self->send_control(MessageType::kClose, 0, {body, length}, true);
-      while (sent == Status::kRetry && std::chrono::steady_clock::now() < deadline) {
-        lane.progress();
-        sent = self->send_control(MessageType::kClose, 0, {body, length}, true);
-      }
+      const CloseNotice notice = self->close_notice(CloseReason::kClosed);
+      self->await_writes(notice);
+      self->send_close_notice(notice);
     }
     self->fail_all(Status::kCancelled, "communicator closed");
     self->cancel_standing();
-    // The close notice, too, must have left before the lane (perhaps) closes its endpoints.
-    while ((!self->drained() || lane.control().sends_in_flight()) &&
-           std::chrono::steady_clock::now() < deadline) {
+    // Until the provider handed back our operations (a send still reads its buffer) and the
+    // writes the peer posted into our announced buffers arrived (a receive buffer handed back
+    // while one streams in would be written after the application freed it, and rxm over tcp
+    // crashes closing an endpoint under one), unless the peer is lost: dead, or silent for
+    // LOOM_PEER_TIMEOUT_MS. A live peer answers and drains even while its application is busy
+    // elsewhere (LaneRegistry's background progress).
+    self->since_check_ = SinceCheck::kWaitBegan;
+    while ((!self->drained() || self->writes_may_arrive()) && !self->gave_up_on_peer()) {
       lane.progress();
-      lock.unlock();
-      std::this_thread::yield();
-      lock.lock();
-    }
-    // A receiver whose announced buffers a peer may still be writing into waits for those
-    // writes: an endpoint closed under one (rxm over tcp crashes), or a buffer given back to
-    // the application under one, is worse than a slower close.
-    const auto writes_deadline = std::chrono::steady_clock::now() + self->settings_.peer_timeout;
-    while (self->writes_may_arrive() && !self->peer_gone() &&
-           std::chrono::steady_clock::now() < writes_deadline) {
-      lane.progress();
+      self->check_peer();
       lock.unlock();
       std::this_thread::yield();
       lock.lock();
@@ -109,8 +114,8 @@ void Comm::close(std::unique_ptr<Comm> self) {
   const std::uint64_t peer = self->peer_context_;
   if (!drained) {
     util::log().info(
-        "communicator {} on lane {} closed with operations in flight; the lane "
-        "frees it once they complete",
+        "communicator {} on lane {} closed with operations towards a lost peer in flight; the "
+        "lane frees it once they complete or its endpoints close",
         self->id_, lane.id());
     std::lock_guard lock(lane.mutex());
     lane.retire(std::move(self));
@@ -119,11 +124,35 @@ void Comm::close(std::unique_ptr<Comm> self) {
   lanes.leave(lane, peer);
 }
 
+// Tells the peer how far we got, so that what arrived stays delivered over there. The first
+// message to the peer's lane may have to wait until the provider reached it (the peer's
+// progress does that): it waits in the control channel's outbox, which the lane keeps open
+// for it, until the peer timeout.
+void Comm::send_close_notice(const CloseNotice& notice) {
+  std::byte body[close_notice_bytes(kCloseWindow)];
+  const std::size_t length = encode_close(notice, body);
+  constexpr std::size_t rail = 0;
+  const Status status = lane_->control().send_or_queue(
+      rail, peer_control_[rail], static_cast<std::uint8_t>(MessageType::kClose), peer_id_,
+      {body, length}, std::chrono::steady_clock::now() + settings_.peer_timeout);
+  if (status != Status::kOk) {
+    util::log().debug("comm {} on lane {}: close notice not sent: {}", id_, lane_->id(),
+                      lane_->control().rail(rail).last_error());
+  }
+}
+
+// Closing: nothing more is waited for from the peer. It is lost, or it closed and what it left
+// pending had LOOM_PEER_TIMEOUT_MS to arrive.
+bool Comm::gave_up_on_peer() const noexcept {
+  return peer_ == PeerState::kLost ||
+         (peer_ == PeerState::kClosed && std::chrono::steady_clock::now() > close_deadline_);
+}
+
 // ---- sender ----
 
 // Handed to the provider whole: the payload (and a ready-to-send where one is needed) left, or
 // the message failed with a verdict the receiver reaches too.
-CloseNotice SendCommImpl::close_notice() {
+CloseNotice SendCommImpl::close_notice(CloseReason reason) {
   std::vector<std::uint32_t> unfinished;
   for (const Request& r : requests_.built()) {
     if (!r.in_use || r.kind != RequestKind::kSend) continue;
@@ -148,33 +177,33 @@ CloseNotice SendCommImpl::close_notice() {
       case SendState::kFailed:
         break;
     }
+    if (reason == CloseReason::kLost) left = terminal(part.send);
     if (!left) unfinished.push_back(part.seq);
   }
-  return notice_for(next_seq_, unfinished);
+  CloseNotice notice = notice_for(next_seq_, unfinished);
+  notice.writes_posted = writes_posted_;
+  notice.reason = reason;
+  return notice;
 }
 
-// The receiver waits for the writes already posted towards what it did not finish, those of
-// sends that completed here included (their records may be back in the pool).
-void SendCommImpl::send_writes_posted(const CloseNotice& notice) {
-  WritesPosted answer;
-  for (std::uint32_t seq = notice.complete_below; seq_before(seq, next_seq_); ++seq) {
-    if (!notice.finished(seq)) answer.writes += writes_posted_[seq % kSeqWindow];
-  }
+// The receiver waits until every write posted so far arrived. Closing too, this side still
+// answers while its close waits for its own operations.
+void SendCommImpl::send_writes_posted() {
+  const WritesPosted answer{.writes = writes_posted_};
   std::byte bytes[kWritesPostedBytes];
   const std::size_t length = encode_writes_posted(answer, bytes);
   (void)send_control(MessageType::kWritesPosted, 0, {bytes, length}, true);
 }
 
-void SendCommImpl::fail_unfinished(const CloseNotice& notice, const std::string& why) {
-  if (notice.awaits_writes && !closed_) send_writes_posted(notice);
+void SendCommImpl::fail_unfinished(const CloseNotice& notice, Status status,
+                                   const std::string& why) {
   for (Request& r : requests_.built()) {
     Part& part = r.parts[0];
     if (!r.in_use || r.kind != RequestKind::kSend || terminal(part.send)) continue;
     // Arrived over there: its own completions finish it, with their outcome.
     if (notice.finished(part.seq) && r.status == Status::kOk) continue;
-    r.fail(Status::kPeerError,
-           "isend: " + why + " before receiving message " + std::to_string(part.seq));
-    part.status = Status::kPeerError;
+    r.fail(status, "isend: " + why + " (message " + std::to_string(part.seq) + ")");
+    part.status = r.status;
     part.to(SendState::kFailed);  // finished() still waits for writes in flight
   }
 }
@@ -199,9 +228,9 @@ void SendCommImpl::settle_after_close() {
 
 // ---- receiver ----
 
-// Also readies the wait for writes still coming into unfinished buffers the sender was told of
-// (see writes_may_arrive): called once, by close().
-CloseNotice RecvCommImpl::close_notice() {
+// awaits_writes: writes may still be coming into unfinished buffers the sender was told of.
+CloseNotice RecvCommImpl::close_notice(CloseReason reason) {
+  bool told_of_unfinished = false;
   std::vector<std::uint32_t> unfinished;
   for (const Request& r : requests_.built()) {
     if (!r.in_use || r.kind != RequestKind::kRecv) continue;
@@ -212,17 +241,23 @@ CloseNotice RecvCommImpl::close_notice() {
       unfinished.push_back(part.seq);
       const bool told = part.recv == RecvState::kCleared || part.recv == RecvState::kWritesAhead ||
                         part.recv == RecvState::kWriting;
-      awaiting_writes_ = awaiting_writes_ || told;
-      writes_seen_ += part.writes_seen;
+      told_of_unfinished = told_of_unfinished || told;
     }
   }
   CloseNotice notice = notice_for(next_seq_, unfinished);
-  notice.awaits_writes = awaiting_writes_;
+  notice.awaits_writes = told_of_unfinished;
+  notice.reason = reason;
   return notice;
 }
 
+// Closing waits for them (writes_may_arrive).
+void RecvCommImpl::await_writes(const CloseNotice& notice) {
+  awaiting_writes_ = notice.awaits_writes;
+}
+
 bool RecvCommImpl::writes_may_arrive() const noexcept {
-  return awaiting_writes_ && (!writes_posted_ || writes_seen_ < *writes_posted_);
+  if (writes_posted_) return static_cast<std::int32_t>(*writes_posted_ - writes_arrived_) > 0;
+  return awaiting_writes_;
 }
 
 void RecvCommImpl::on_writes_posted(std::span<const std::byte> body) {
@@ -235,16 +270,17 @@ void RecvCommImpl::on_writes_posted(std::span<const std::byte> body) {
   }
 }
 
-void RecvCommImpl::fail_unfinished(const CloseNotice& notice, const std::string& why) {
+void RecvCommImpl::fail_unfinished(const CloseNotice& notice, Status status,
+                                   const std::string& why) {
+  if (peer_ == PeerState::kClosed) writes_posted_ = notice.writes_posted;  // the sender's notice
   for (Request& r : requests_.built()) {
     if (!r.in_use || r.kind != RequestKind::kRecv) continue;
     for (std::size_t i = 0; i < r.part_count; ++i) {
       Part& part = r.parts[i];
       // The sender handed the message over whole: it is on its way.
       if (terminal(part.recv) || notice.finished(part.seq)) continue;
-      r.fail(Status::kPeerError,
-             "irecv: " + why + " before sending message " + std::to_string(part.seq));
-      fail_part(r, part, Status::kPeerError);
+      r.fail(status, "irecv: " + why + " (message " + std::to_string(part.seq) + ")");
+      fail_part(r, part, status);
     }
   }
 }

@@ -28,8 +28,16 @@ static_assert((kPollsPerClockRead & (kPollsPerClockRead - 1)) == 0);
 
 }  // namespace
 
+std::size_t eager_limit(std::size_t configured, std::size_t max_msg_size,
+                        std::size_t paced_above) noexcept {
+  std::size_t limit = std::min(configured, max_msg_size == 0 ? SIZE_MAX : max_msg_size);
+  return paced_above == 0 ? limit : std::min(limit, paced_above);
+}
+
 void Request::on_completion(ofi::OpContext& op, const ofi::Completion& completion) {
   comm->on_op(*this, op_index(op), completion);
+  if (released && ops_outstanding == 0) [[unlikely]]
+    comm->release_regions(*this);
 }
 
 Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::uint64_t peer)
@@ -46,9 +54,10 @@ Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::ui
       lane_(&lane),
       direction_(direction),
       peer_context_(peer),
-      // Both directions use it: no eager send, and no eager receive, past what the provider
-      // takes in one transfer.
-      eager_max_(std::min(settings_.eager_max, lane.rails().max_msg_size())),
+      // Both directions use it: no eager send, and no eager receive, past it.
+      eager_max_(eager_limit(settings_.eager_max, lane.rails().max_msg_size(),
+                             lane.rails().data(0).nic().attributes().peer_paced_above)),
+      paced_above_(lane.rails().data(0).nic().attributes().peer_paced_above),
       requests_(this, kMaxRequests) {
   retry_.reserve(kMaxRequests);
   retrying_.reserve(kMaxRequests);
@@ -164,14 +173,49 @@ MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryTyp
   return region;
 }
 
+// A region pending requests still use goes once the last of them is retired: until then the
+// provider may read or write through it (a rendezvous write posted when its clear-to-send
+// comes). The handle is invalid from now on either way.
 void Comm::deregister(MemoryRegion region) {
   std::lock_guard lock(lane_->mutex());
   if (region.slot_ >= registrations_.size()) return;
   Registration& entry = registrations_[region.slot_];
-  if (entry.registration == nullptr || entry.generation != region.generation_) return;
+  if (entry.registration == nullptr || entry.deregistered ||
+      entry.generation != region.generation_) {
+    return;
+  }
+  if (entry.users != 0) {
+    util::log().debug(
+        "comm {} on lane {}: region deregistered while {} pending buffer(s) use it: "
+        "released once they end",
+        id_, lane_->id(), entry.users);
+    entry.deregistered = true;
+    ++entry.generation;
+    return;
+  }
+  release_slot(region.slot_);
+}
+
+void Comm::release_slot(std::uint32_t slot) {
+  Registration& entry = registrations_[slot];
   lane_->rails().mr_cache().release(*entry.registration);
   entry.registration = nullptr;
-  free_registrations_.push_back(region.slot_);
+  entry.deregistered = false;
+  free_registrations_.push_back(slot);
+}
+
+void Comm::hold_region(Part& part, const MemoryRegion& region) noexcept {
+  part.region = region.slot_;
+  ++registrations_[region.slot_].users;
+}
+
+void Comm::release_regions(Request& request) noexcept {
+  for (std::size_t i = 0; i < request.part_count; ++i) {
+    const Part& part = request.parts[i];
+    if (part.registration == nullptr) continue;
+    Registration& entry = registrations_[part.region];
+    if (--entry.users == 0 && entry.deregistered) release_slot(part.region);
+  }
 }
 
 const ofi::MemoryRegistration* Comm::lookup(const MemoryRegion& region, const void* data,
@@ -215,6 +259,7 @@ Request* Comm::allocate(RequestKind kind) {
   r.ops_outstanding = 0;
   r.status = Status::kOk;
   r.stripes = r.stripes_posted = r.stripes_done = 0;
+  r.written = r.bodies = r.bodies_done = 0;
   r.ready_to_send = ReadyToSendState::kNotNeeded;
   r.error.clear();
   return &r;
@@ -230,6 +275,8 @@ void Comm::retry_later(Request& request) {
 
 void Comm::on_deferred() {
   deferred_ = false;
+  if (control_failure_ != ControlFailure::kNone) [[unlikely]]
+    settle_control_failure();
   send_control_batch();
   retrying_.swap(retry_);
   for (Request* r : retrying_) {
@@ -246,11 +293,40 @@ Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const s
       rail, peer_control_[rail], static_cast<std::uint8_t>(type), peer_id_, body, confirmed);
   util::log().trace("comm {} on lane {}: control type {} seq {} to comm {}: {}", id_, lane_->id(),
                     static_cast<int>(type), seq, peer_id_, to_string(status));
-  if (status != Status::kOk && status != Status::kRetry) [[unlikely]] {
-    last_error_ = "control message to the peer failed: " + lane_->control().rail(rail).last_error();
-    util::log().warn("{}", last_error_);
+  if (status != Status::kOk && status != Status::kRetry && status != Status::kInvalid)
+      [[unlikely]] {
+    // The provider refused it: the peer's endpoint is gone (closed, or its process died). Its
+    // close notice may already wait in our queue, and says more than the provider's text: the
+    // message is retried like back-pressure until the queues were read (settle_control_failure).
+    if (control_failure_ == ControlFailure::kNone) {
+      control_failure_ = ControlFailure::kFailed;
+      control_failure_text_ = lane_->control().rail(rail).last_error();
+      util::log().debug("comm {} on lane {}: control message to the peer failed: {}", id_,
+                        lane_->id(), control_failure_text_);
+    }
+    lane_->rails().read_control_next();
+    defer();
+    return Status::kRetry;
   }
   return status;
+}
+
+// Two lane progresses after a refused control message, whose control queues were read: a
+// close notice from the peer would have come by then.
+void Comm::settle_control_failure() {
+  if (peer_gone()) {
+    control_failure_ = ControlFailure::kNone;
+    return;
+  }
+  if (control_failure_ == ControlFailure::kFailed) {
+    control_failure_ = ControlFailure::kQueuesRead;
+    lane_->rails().read_control_next();
+    defer();
+    return;
+  }
+  control_failure_ = ControlFailure::kNone;
+  peer_lost("the peer is unreachable: a control message to it failed (" + control_failure_text_ +
+            ")");
 }
 
 Status Comm::refuse_batch(const char* what) {
@@ -306,9 +382,12 @@ Status Comm::poll(Request* request, bool& done, std::span<std::size_t> sizes,
     }
   }
   if (request->ops_outstanding != 0) {
-    request->released = true;  // the provider still holds it: out of the pool for good
+    // The provider still holds it: out of the pool for good, its regions held until the
+    // provider hands it back (if ever).
+    request->released = true;
     return status;
   }
+  release_regions(*request);
   request->in_use = false;
   requests_.give_back(*request);
   return status;

@@ -38,6 +38,12 @@ static_assert(kSeqWindow <= kCloseWindow, "a close notice covers every sequence 
 static_assert(((std::size_t{1} << mux::kImmSeqBits) % kSeqWindow) == 0);
 static_assert(kSeqWindow <= (std::size_t{1} << mux::kTagSeqBits));
 
+// The largest eager message: LOOM_EAGER_MAX (`configured`), within what the provider takes in
+// one transfer (`max_msg_size`, 0: unbounded) and where it completes sends without waiting for
+// the peer (Profile::peer_paced_above, 0: always).
+[[nodiscard]] std::size_t eager_limit(std::size_t configured, std::size_t max_msg_size,
+                                      std::size_t paced_above) noexcept;
+
 // The configuration a communicator reads, copied at construction: nothing on its data path
 // reaches back into the context.
 struct CommSettings {
@@ -83,8 +89,12 @@ class Comm : public mux::CommPort {
 
   // Called by a request's completion (under the lane lock).
   virtual void on_op(Request& request, std::size_t index, const ofi::Completion& completion) = 0;
+  // The request is retired: neither the provider nor its user holds it any more (under the
+  // lane lock). Its parts let go of their regions.
+  void release_regions(Request& request) noexcept;
   // No operation of the communicator is left with the provider.
   [[nodiscard]] bool drained() const noexcept override;
+  [[nodiscard]] bool abandoned() const noexcept override { return peer_ == PeerState::kLost; }
   void abandon_registrations() noexcept override;
 
  protected:
@@ -93,6 +103,10 @@ class Comm : public mux::CommPort {
     const std::byte* base = nullptr;  // what the user registered (the cache may cover more)
     std::size_t size = 0;
     std::uint32_t generation = 0;
+    // Parts of requests not retired yet that use it: a deregister() meanwhile takes effect
+    // once the last of them is (the provider may still read or write through it).
+    std::uint32_t users = 0;
+    bool deregistered = false;
   };
 
   Request* allocate(RequestKind kind);
@@ -108,13 +122,18 @@ class Comm : public mux::CommPort {
   // The registration behind `region` covering [data, data + size), or nullptr (last_error_ set).
   const ofi::MemoryRegistration* lookup(const MemoryRegion& region, const void* data,
                                         std::size_t size);
+  // `part` uses `region` (lookup() accepted it): the registration stays until the part's
+  // request is retired (release_regions), whatever deregister() does meanwhile.
+  void hold_region(Part& part, const MemoryRegion& region) noexcept;
+  void release_slot(std::uint32_t slot);
   Status reject(Status status, std::string text);  // records last_error_
   // The provider pushed back: advance() runs again at the lane's next progress.
   void retry_later(Request& request);
   // Where the peer stands. kClosed: it closed its end and said how far it got (its close
   // notice): what it sent or received before that still finishes here; the rest failed.
-  // kLost: dead, unreachable or silent; everything pending failed.
-  enum class PeerState : std::uint8_t { kConnected, kClosed, kLost };
+  // kBroken: this side ended the communicator after a provider error (break_off) and told the
+  // peer so, as a close would. kLost: dead, unreachable or silent; everything pending failed.
+  enum class PeerState : std::uint8_t { kConnected, kClosed, kBroken, kLost };
   [[nodiscard]] bool peer_gone() const noexcept { return peer_ != PeerState::kConnected; }
 
   // Inline: test() asks it once or twice per call. Every part is decided, and the provider
@@ -126,10 +145,11 @@ class Comm : public mux::CommPort {
     if (!r.decided()) return false;
     return r.ops_outstanding == 0 || (r.kind == RequestKind::kSend && peer_gone());
   }
-  // Sends a control message to the peer: kOk, kRetry (back-pressure) or kError (logged).
-  // `confirmed`: see mux::ControlChannel::send.
+  // Sends a control message to the peer: kOk, or kRetry (back-pressure, or a message the
+  // provider refused: see settle_control_failure). `confirmed`: see mux::ControlChannel::send.
   Status send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body,
                       bool confirmed = false);
+  void settle_control_failure();
   // A batch of `what` its encoder refused: kError with last_error_ set (logged once).
   [[gnu::cold]] Status refuse_batch(const char* what);
   // Every request not decided yet fails with `status`/`text`. A part that arrived keeps its
@@ -139,16 +159,33 @@ class Comm : public mux::CommPort {
   virtual void fail_part(Request& request, Part& part, Status status) = 0;
   // The peer is gone (dead or unreachable): every request fails, new ones are refused.
   void peer_lost(std::string why, bool warn = true);
+  // Tells the peer how far this side got when it gave up on it (`lost_notice_`).
+  void tell_lost();
   // The peer's close notice: which messages it finished. Fails what the peer will never
   // finish; the rest runs on, bounded by LOOM_PEER_TIMEOUT_MS.
   void on_peer_close(std::span<const std::byte> body);
   // What our close notice tells the peer: which messages were handed to the provider whole
-  // (sender) or arrived (receiver).
-  [[nodiscard]] virtual CloseNotice close_notice() = 0;
+  // (sender) or arrived (receiver). Taken before what is pending fails.
+  // `reason` kLost: everything undecided counts unfinished, since it fails here next.
+  [[nodiscard]] virtual CloseNotice close_notice(CloseReason reason) = 0;
+  // Sends `notice`, queued behind the provider's first contact if need be (close(), break_off,
+  // peer_lost).
+  void send_close_notice(const CloseNotice& notice);
+  // A provider error failed one of our requests: the peer could otherwise wait for it forever
+  // (it is alive and answers pings). The communicator ends as a close would end it, without
+  // closing the object: the peer is told how far this side got, what had left still
+  // finishes, the rest fails on both sides, and later posts are refused with `why`.
+  void break_off(const std::string& why);
+  [[nodiscard]] bool gave_up_on_peer() const noexcept;
+  // A receiver that sends `notice` in close() waits for the writes it says may come.
+  virtual void await_writes(const CloseNotice& /*notice*/) {}
   // Every sequence number below `next` finished except those in `unfinished`.
   static CloseNotice notice_for(std::uint32_t next, const std::vector<std::uint32_t>& unfinished);
-  // Fails the pending parts the closed peer did not finish.
-  virtual void fail_unfinished(const CloseNotice& notice, const std::string& why) = 0;
+  // A sender answers its closing receiver's notice with every write it posted (WritesPosted).
+  virtual void send_writes_posted() {}
+  // Fails the pending parts the notice does not call finished, with `status` and `why`.
+  virtual void fail_unfinished(const CloseNotice& notice, Status status,
+                               const std::string& why) = 0;
   // LOOM_PEER_TIMEOUT_MS after the peer's close notice: settles what is still pending.
   virtual void settle_after_close() = 0;
   // Closing: whether writes the peer posted towards this side may still be arriving (see
@@ -202,6 +239,7 @@ class Comm : public mux::CommPort {
   std::vector<ofi::Address> peer_data_;
   std::vector<ofi::Address> peer_control_;
   std::size_t eager_max_;
+  std::size_t paced_above_;      // Profile::peer_paced_above of the data rails' provider
   std::size_t inject_max_ = 0;   // eager sends up to this size are injected (no completion)
   bool inject_writes_ = true;    // writes up to inject_max_ too (every data rail's profile allows)
   std::size_t inject_size_ = 0;  // what the provider injects (a payload and a carried message)
@@ -209,7 +247,10 @@ class Comm : public mux::CommPort {
   std::size_t min_carrier_ = 0;  // a carrier is padded to this many bytes (provider profile)
   bool closed_ = false;
   PeerState peer_ = PeerState::kConnected;
-  std::string peer_gone_;                                 // why, once peer_ is not kConnected
+  std::string peer_gone_;  // why, once peer_ is not kConnected
+  // kLost: what this side told the peer, again in answer to its pings (it may only have been
+  // stopped, and run again).
+  std::unique_ptr<CloseNotice> lost_notice_;
   std::chrono::steady_clock::time_point close_deadline_;  // kClosed: the rest must arrive by then
   std::chrono::steady_clock::time_point last_heard_;
   std::chrono::steady_clock::time_point next_ping_;
@@ -227,6 +268,10 @@ class Comm : public mux::CommPort {
   CommStats stats_;
   unsigned idle_polls_ = 0;
   bool deferred_ = false;  // on_deferred() is due at the lane's next progress
+  // A control message the provider refused, and whether the control queues were read since.
+  enum class ControlFailure : std::uint8_t { kNone, kFailed, kQueuesRead };
+  ControlFailure control_failure_ = ControlFailure::kNone;
+  std::string control_failure_text_;
 };
 
 }  // namespace loom::p2p

@@ -1,5 +1,6 @@
 #include "p2p/context_core.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include "ofi/selection.hpp"
@@ -10,6 +11,7 @@ namespace loom::p2p {
 namespace {
 
 constexpr std::size_t kBaseDepth = 256;
+constexpr auto kLongestIdlePeriod = std::chrono::milliseconds(100);
 
 std::uint64_t random_seed() {
   std::random_device device;
@@ -32,7 +34,14 @@ ContextCore::ContextCore(const Config& config) : config_(config), rng_(random_se
                        .control_rails = config_.ctrl_rails,
                        .depths = {depth, depth},
                        .mr_cache_entries = config_.mr_cache_entries};
-  lanes_ = std::make_unique<mux::LaneRegistry>(nic_pointers_, shape, config_.ngroups);
+  // The background progress answers a peer's pings while the application is busy elsewhere:
+  // several times within the peer timeout (pings go every quarter of it), and often enough
+  // that a close notice waiting for the provider's first contact leaves soon.
+  const std::chrono::milliseconds peer_timeout(config_.peer_timeout_ms);
+  const auto idle_period = std::clamp<std::chrono::milliseconds>(
+      peer_timeout / 8, std::chrono::milliseconds(1), kLongestIdlePeriod);
+  lanes_ = std::make_unique<mux::LaneRegistry>(nic_pointers_, shape, config_.ngroups, idle_period,
+                                               peer_timeout);
   bootstrap_ = std::make_unique<Bootstrap>(nic_pointers_,
                                            std::chrono::milliseconds(config_.connect_timeout_ms));
 }

@@ -39,7 +39,9 @@ bool SendCommImpl::eager_fits(const Part& part) const noexcept {
 // the receiver's queue lock, which both processes take for every message. Eager sends inject
 // what fits, from host memory; writes too where the provider's profile says so (post_stripes).
 bool SendCommImpl::injects(const Part& part) const noexcept {
-  return part.size <= inject_max_ &&
+  // inject_max_ 0 (LOOM_INJECT_MAX=0, or a profile's no_inject) means no inject at all, not
+  // "empty messages only": an empty inject waits in rxd until its sender calls in again.
+  return inject_max_ != 0 && part.size <= inject_max_ &&
          (part.registration == nullptr || part.registration->type() == MemoryType::kHost);
 }
 
@@ -82,6 +84,7 @@ void SendCommImpl::post_eager(Request& r) {
     r.fail(Status::kError, "isend: " + data_rail.last_error());
     part.status = Status::kError;
     part.to(SendState::kFailed);
+    break_off(data_rail.last_error());
   }
 }
 

@@ -10,17 +10,34 @@
 
 namespace loom::p2p {
 
+// The peer may only have been stopped (SIGSTOP, a debugger) and run again: it learns that this
+// side gave up, and how far this side got, from a close notice sent now and in answer to its
+// pings, as if this side had closed. What was handed over whole before still finishes there.
 void Comm::peer_lost(std::string why, bool warn) {
   if (peer_ == PeerState::kLost) return;
+  const bool tell = !closed_ && !peer_control_.empty() && peer_ != PeerState::kClosed &&
+                    peer_ != PeerState::kBroken;
+  if (tell) {
+    lost_notice_ = std::make_unique<CloseNotice>(close_notice(CloseReason::kLost));
+  }
   peer_ = PeerState::kLost;
   peer_gone_ = std::move(why);
   if (warn) util::log().warn("comm {} on lane {}: {}", id_, lane_->id(), peer_gone_);
   fail_all(Status::kPeerError, peer_gone_);
+  tell_lost();
+}
+
+void Comm::tell_lost() {
+  if (lost_notice_ && !closed_) send_close_notice(*lost_notice_);
 }
 
 bool Comm::on_liveness(const mux::ControlHeader& header, std::span<const std::byte> body) {
   if (since_check_ == SinceCheck::kNothing) since_check_ = SinceCheck::kHeard;
   const auto type = static_cast<MessageType>(header.type);
+  if (type == MessageType::kPing && peer_ == PeerState::kLost) {
+    tell_lost();
+    return true;
+  }
   if (type == MessageType::kPing) {
     // Lost to back-pressure, the next ping asks again.
     if (!closed_ && !peer_control_.empty()) send_control(MessageType::kPong, 0, {});
@@ -35,8 +52,9 @@ bool Comm::on_liveness(const mux::ControlHeader& header, std::span<const std::by
   return type == MessageType::kPong;
 }
 
+// Also while closing: close() waits on the peer for what is still on its way.
 void Comm::check_peer() {
-  if (peer_ == PeerState::kLost || closed_ || peer_control_.empty()) return;
+  if (peer_ == PeerState::kLost || peer_control_.empty()) return;
   const auto now = std::chrono::steady_clock::now();
   const auto timeout = settings_.peer_timeout;
   // Heard of (or waiting) since the last check: as if at this one, at most a check late.

@@ -208,7 +208,9 @@ std::size_t encode_close(const CloseNotice& m, std::span<std::byte> out) {
   WireWriter w(out);
   w.u32(m.complete_below);
   w.u16(m.span);
-  w.u8(m.awaits_writes ? 1 : 0);
+  w.u8(static_cast<std::uint8_t>((m.awaits_writes ? 1u : 0u) |
+                                 (static_cast<unsigned>(m.reason) << 1)));
+  w.u32(m.writes_posted);
   w.bytes(std::as_bytes(std::span(m.finished_bits).first((m.span + 7u) / 8)));
   return finish(w);
 }
@@ -219,8 +221,12 @@ const char* decode_close(std::span<const std::byte> in, CloseNotice& out) {
   out.span = r.u16();
   const std::uint8_t flags = r.u8();
   if (!r.ok() || out.span > kCloseWindow) return "close notice: span out of range";
-  if (flags > 1) return "close notice: unknown flags";
-  out.awaits_writes = flags != 0;
+  if ((flags >> 1) > static_cast<unsigned>(CloseReason::kLost)) {
+    return "close notice: unknown flags";
+  }
+  out.awaits_writes = (flags & 1) != 0;
+  out.reason = static_cast<CloseReason>(flags >> 1);
+  out.writes_posted = r.u32();
   const auto bits = r.bytes((out.span + 7u) / 8);
   if (!r.done()) return "close notice has the wrong length";
   out.finished_bits.fill(0);

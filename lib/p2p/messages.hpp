@@ -202,12 +202,22 @@ static_assert(seq_before(0xFFFFFFFFu, 0) && !seq_before(0, 0xFFFFFFFFu) && !seq_
 // below `complete_below` is finished; of the next `span` ones, those whose bit is set (they
 // can finish out of order). The peer keeps what that covers and fails the rest.
 inline constexpr std::size_t kCloseWindow = 1024;
+// Why a communicator ended on the side that sends the notice.
+enum class CloseReason : std::uint8_t {
+  kClosed = 0,  // its application closed it
+  kFailed = 1,  // a provider error failed one of its requests (Comm::break_off)
+  kLost = 2,    // it took the peer for dead (silent for LOOM_PEER_TIMEOUT_MS) and gave up
+};
 struct CloseNotice {
   std::uint32_t complete_below = 0;
   std::uint16_t span = 0;  // at most kCloseWindow
   // A receiver whose close waits for a WritesPosted answer (it had announced buffers it did
   // not finish); nobody answers a notice without it, whose sender may be gone at once.
   bool awaits_writes = false;
+  CloseReason reason = CloseReason::kClosed;
+  // A sender's: every RDMA write it posted on the communicator (a receiver's notice: 0). A
+  // receiver keeps its endpoints until that many arrived.
+  std::uint32_t writes_posted = 0;
   std::array<std::uint8_t, kCloseWindow / 8> finished_bits{};  // bit i: complete_below + i
 
   [[nodiscard]] bool finished(std::uint32_t seq) const noexcept {
@@ -220,12 +230,11 @@ struct CloseNotice {
   }
 };
 inline constexpr std::size_t close_notice_bytes(std::size_t span) {
-  return 4 + 2 + 1 + (span + 7) / 8;
+  return 4 + 2 + 1 + 4 + (span + 7) / 8;
 }
-// A sender's answer to its receiver's close notice: how many RDMA writes it had posted towards
-// the buffers the notice calls unfinished. The closing receiver keeps its endpoints (and the
-// buffers) until that many arrived: a write still streaming in must not meet a closed
-// endpoint or a buffer given back.
+// A sender's answer to its receiver's close notice: every RDMA write it posted on the
+// communicator. The closing receiver keeps its endpoints (and the buffers) until that many
+// arrived: a write still streaming in must not meet a closed endpoint or a buffer given back.
 struct WritesPosted {
   std::uint32_t writes = 0;
 };

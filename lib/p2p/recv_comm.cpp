@@ -59,6 +59,7 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
                        .tag = buffers[i].tag,
                        .registration = registrations[i],
                        .seq = seq};
+    if (registrations[i] != nullptr) hold_region(r->parts[i], buffers[i].region);
     by_seq_[seq % kSeqWindow] = PartRef{r, static_cast<std::uint8_t>(i)};
   }
   advance(*r);
@@ -99,6 +100,7 @@ Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& reque
                      .size = target->size,
                      .tag = target->tag,
                      .registration = registration};
+  hold_region(r->parts[0], target->region);
   // A read orders only the writes that came through its own NIC before it, and a message may
   // have come through any data rail (eager: one; rendezvous: striped): one read per data rail.
   // A flush's "stripes" are those reads.

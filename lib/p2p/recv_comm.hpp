@@ -84,10 +84,11 @@ class RecvCommImpl final : public Comm {
   // The unfinished part for `seq` (compared on `mask` bits), or nullptr if none is.
   Part* waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner, std::size_t* index);
   // close.cpp
-  [[nodiscard]] CloseNotice close_notice() override;
-  void fail_unfinished(const CloseNotice& notice, const std::string& why) override;
+  [[nodiscard]] CloseNotice close_notice(CloseReason reason) override;
+  void fail_unfinished(const CloseNotice& notice, Status status, const std::string& why) override;
   void settle_after_close() override;
   [[nodiscard]] bool writes_may_arrive() const noexcept override;
+  void await_writes(const CloseNotice& notice) override;
   void on_writes_posted(std::span<const std::byte> body);
 
   std::uint32_t next_seq_ = 0;
@@ -115,11 +116,12 @@ class RecvCommImpl final : public Comm {
   std::unique_ptr<std::byte[]> eager_memory_;
   ofi::MemoryRegistration* eager_registration_ = nullptr;
   std::unique_ptr<EagerBuffer[]> eager_buffers_;
-  // Closing with announced buffers unfinished: the writes the sender says it posted towards
-  // them, and those seen (before the close in the parts, after it here).
+  // Every write that arrived, and (from the sender's close notice or its WritesPosted answer)
+  // every write it posted: closing waits until the first reaches the second, once the sender
+  // was told of a buffer this side did not finish (awaiting_writes_).
+  std::uint32_t writes_arrived_ = 0;
   bool awaiting_writes_ = false;
   std::optional<std::uint32_t> writes_posted_;
-  std::uint32_t writes_seen_ = 0;
 };
 
 }  // namespace loom::p2p

@@ -74,45 +74,69 @@ void SendCommImpl::send_control_batch() {
   batched_.clear();
 }
 
+// Posts what each stripe is ready for, stripe by stripe in bits of `written`: its write with
+// the CQ data; where the provider paces long writes by the peer (paced_above_), first its body
+// without CQ data, and the rest once that completed (on_op).
 void SendCommImpl::post_stripes(Request& r) {
+  if (r.stripes == 0) return;  // an empty message: its ready-to-send says all
   Part& part = r.parts[0];
   const Clearance& clearance = clearances_[part.seq % kSeqWindow];
   const std::uint64_t* keys = &keys_[(part.seq % kSeqWindow) * key_stride_];
   const bool fills = r.ready_to_send == ReadyToSendState::kNotNeeded;
   const std::uint32_t immediate = mux::encode_immediate(
       {peer_id_, static_cast<std::uint16_t>(part.seq & mux::kImmSeqMask), fills, r.stripes});
-  const std::size_t base = r.stripes == 0 ? 0 : part.size / r.stripes;
-  // An injected stripe is written once the call returns: no completion comes for it.
-  const bool inject = inject_writes_ && injects(part);
-  while (r.stripes_posted < r.stripes) {
-    const std::size_t i = r.stripes_posted;
+  const std::size_t base = part.size / r.stripes;
+  const bool host = part.registration->type() == MemoryType::kHost;
+  for (std::size_t i = 0; i < r.stripes; ++i) {
+    const auto bit = static_cast<std::uint8_t>(1u << i);
+    if ((r.written & bit) != 0) continue;
     // Even split; the last stripe takes the remainder.
     const std::size_t offset = i * base;
     const std::size_t length = i + 1 == r.stripes ? part.size - offset : base;
     const std::size_t rail = (part.seq + i) % data_rails_;
     ofi::Rail& data_rail = lane_->rails().data(rail);
-    const Status status =
-        inject ? data_rail.inject_write(peer_data_[rail], part.data + offset, length,
-                                        clearance.address + offset, keys[rail], immediate)
-               : data_rail.write(peer_data_[rail], part.data + offset, length,
-                                 part.registration->desc(rail), clearance.address + offset,
-                                 keys[rail], immediate, &r.ops[i]);
+    void* desc = part.registration->desc(rail);
+    const std::size_t body =
+        paced_above_ != 0 && host && length > paced_above_ ? length - paced_above_ : 0;
+    Status status;
+    if (body != 0 && (r.bodies & bit) == 0) {
+      status = data_rail.write(peer_data_[rail], part.data + offset, body, desc,
+                               clearance.address + offset, keys[rail], &r.ops[i]);
+      if (status == Status::kOk) {
+        r.bodies |= bit;
+        ++r.ops_outstanding;
+        continue;
+      }
+    } else if (body != 0 && (r.bodies_done & bit) == 0) {
+      continue;  // the rest follows the body's completion
+    } else {
+      // An injected stripe is written once the call returns: no completion comes for it.
+      const bool inject = inject_writes_ && injects(part);
+      const std::size_t at = offset + body;
+      status = inject ? data_rail.inject_write(peer_data_[rail], part.data + at, length - body,
+                                               clearance.address + at, keys[rail], immediate)
+                      : data_rail.write(peer_data_[rail], part.data + at, length - body, desc,
+                                        clearance.address + at, keys[rail], immediate, &r.ops[i]);
+      if (status == Status::kOk) {
+        r.written |= bit;
+        ++r.stripes_posted;
+        ++writes_posted_;
+        if (inject) {
+          ++r.stripes_done;
+        } else {
+          ++r.ops_outstanding;
+        }
+        continue;
+      }
+    }
     if (status == Status::kRetry) {
       retry_later(r);
       return;
     }
-    if (status != Status::kOk) {
-      r.fail(Status::kError, "isend: " + data_rail.last_error());
-      fail_part(r, part, Status::kError);
-      return;
-    }
-    ++r.stripes_posted;
-    ++writes_posted_[part.seq % kSeqWindow];
-    if (inject) {
-      ++r.stripes_done;
-    } else {
-      ++r.ops_outstanding;
-    }
+    r.fail(Status::kError, "isend: " + data_rail.last_error());
+    fail_part(r, part, Status::kError);
+    break_off(data_rail.last_error());
+    return;
   }
 }
 
@@ -129,6 +153,7 @@ void SendCommImpl::fail_send(Request& r, const ofi::Completion& completion) {
     r.fail(Status::kPeerError, "isend: the connection to the peer is gone: " + text);
   } else {
     r.fail(Status::kError, "isend: " + text);
+    break_off(text);
   }
 }
 
@@ -204,10 +229,8 @@ void RecvCommImpl::apply_ready_to_send(Request& r, std::size_t i, const RtsEntry
 }
 
 void RecvCommImpl::on_remote_write(mux::WriteImmediate immediate) {
-  if (closed_) {
-    ++writes_seen_;  // one of those the close waits for
-    return;
-  }
+  ++writes_arrived_;
+  if (closed_) return;  // one of those the close waits for
   Request* r = nullptr;
   std::size_t i = 0;
   Part* part = waiting_part(immediate.seq, mux::kImmSeqMask, &r, &i);

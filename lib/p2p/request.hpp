@@ -51,6 +51,7 @@ struct Part {
   std::byte* data = nullptr;
   std::size_t size = 0;  // buffer size (receives) or message size (sends)
   Tag tag = 0;
+  std::uint32_t region = 0;  // with `registration`: the communicator's slot it came from
   const ofi::MemoryRegistration* registration = nullptr;
   std::uint32_t seq = 0;
   std::size_t delivered = 0;
@@ -83,8 +84,13 @@ struct Request final : ofi::CompletionHandler {
   Status status = Status::kOk;
   // Sends: the writes that carry a rendezvous message, and its ready-to-send.
   std::uint8_t stripes = 0;
-  std::uint8_t stripes_posted = 0;
+  std::uint8_t stripes_posted = 0;  // writes carrying CQ data posted (bits: `written`)
   std::uint8_t stripes_done = 0;
+  // Bit i for stripe i: its write with the CQ data is posted; and where the provider paces
+  // long writes by the peer (Profile::peer_paced_above), its body is posted, and completed.
+  std::uint8_t written = 0;
+  std::uint8_t bodies = 0;
+  std::uint8_t bodies_done = 0;
   ReadyToSendState ready_to_send = ReadyToSendState::kNotNeeded;
   std::array<Part, kMaxParts> parts;
   std::array<ofi::OpContext, kMaxOps> ops;

@@ -16,8 +16,7 @@ SendCommImpl::SendCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t pee
       clearances_(kSeqWindow),
       key_stride_(lane.rails().data_rails()),
       keys_(kSeqWindow * key_stride_),
-      waiting_(kSeqWindow, nullptr),
-      writes_posted_(kSeqWindow, 0) {
+      waiting_(kSeqWindow, nullptr) {
   batched_.reserve(kMaxBatch);
 }
 
@@ -60,8 +59,8 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
                      .tag = tag,
                      .registration = registration,
                      .seq = seq};
+  if (registration != nullptr) hold_region(r->parts[0], region);
   waiting_[seq % kSeqWindow] = r;
-  writes_posted_[seq % kSeqWindow] = 0;
   const Clearance& clearance = clearances_[seq % kSeqWindow];
   if (clearance.valid && clearance.seq == seq) {
     match(*r);
@@ -114,7 +113,7 @@ void SendCommImpl::settle(Request& r) {
       part.to(SendState::kDone);
     }
   } else if (part.send == SendState::kFailing) {
-    if (r.stripes_done == r.stripes_posted && !owes_ready_to_send) part.to(SendState::kFailed);
+    if (r.ops_outstanding == 0 && !owes_ready_to_send) part.to(SendState::kFailed);
   }
 }
 
@@ -124,8 +123,7 @@ void SendCommImpl::fail_part(Request& r, Part& part, Status status) {
   if (terminal(part.send)) return;
   part.status = status;
   if (r.ready_to_send == ReadyToSendState::kWanted) r.ready_to_send = ReadyToSendState::kDropped;
-  const bool draining =
-      r.stripes_done != r.stripes_posted || r.ready_to_send == ReadyToSendState::kBatched;
+  const bool draining = r.ops_outstanding != 0 || r.ready_to_send == ReadyToSendState::kBatched;
   // A peer that is gone or a closing communicator: nothing drains any more.
   if (draining && !closed_ && !peer_gone()) {
     if (part.send != SendState::kFailing) part.to(SendState::kFailing);
@@ -134,7 +132,7 @@ void SendCommImpl::fail_part(Request& r, Part& part, Status status) {
   }
 }
 
-void SendCommImpl::on_op(Request& r, std::size_t, const ofi::Completion& completion) {
+void SendCommImpl::on_op(Request& r, std::size_t index, const ofi::Completion& completion) {
   --r.ops_outstanding;
   Part& part = r.parts[0];
   if (completion.status != Status::kOk) [[unlikely]]
@@ -155,6 +153,18 @@ void SendCommImpl::on_op(Request& r, std::size_t, const ofi::Completion& complet
       part.status = r.status;
       part.to(SendState::kFailed);
     }
+    return;
+  }
+  const auto bit = static_cast<std::uint8_t>(1u << index);
+  if ((r.bodies & bit) != 0 && (r.written & bit) == 0) {
+    // A stripe's body (Profile::peer_paced_above): its rest, with the CQ data, may go now.
+    if (r.status == Status::kOk) {
+      r.bodies_done |= bit;
+      if (part.send == SendState::kWriting) post_stripes(r);
+    } else if (part.send == SendState::kWriting) {
+      fail_part(r, part, r.status);
+    }
+    settle(r);
     return;
   }
   ++r.stripes_done;

@@ -58,23 +58,23 @@ class SendCommImpl final : public Comm {
   [[nodiscard]] std::uint8_t stripe_count(std::size_t size) const noexcept;
   [[gnu::cold]] void fail_send(Request& request, const ofi::Completion& completion);
   // close.cpp
-  [[nodiscard]] CloseNotice close_notice() override;
-  void fail_unfinished(const CloseNotice& notice, const std::string& why) override;
+  [[nodiscard]] CloseNotice close_notice(CloseReason reason) override;
+  void fail_unfinished(const CloseNotice& notice, Status status, const std::string& why) override;
   void settle_after_close() override;
-  void send_writes_posted(const CloseNotice& notice);
+  void send_writes_posted() override;
 
   std::uint32_t next_seq_ = 0;
   std::uint32_t ahead_next_ = 0;  // the oldest message that may be waiting for a credit
   std::size_t credits_ = 0;       // eager buffers the receiver has posted for us
   std::size_t eager_size_ = 0;    // their size (0 until the first grant)
   std::size_t min_stripe_;
-  std::vector<Clearance> clearances_;        // by seq % kSeqWindow
-  std::size_t key_stride_;                   // the lane's data rails
-  std::vector<std::uint64_t> keys_;          // kSeqWindow x key_stride_ remote keys
-  std::vector<Request*> waiting_;            // sends by seq % kSeqWindow
-  std::vector<std::uint8_t> writes_posted_;  // writes posted for each seq, by seq % kSeqWindow
-  ReadyToSend batch_;                        // ready-to-sends not sent yet
-  std::vector<Request*> batched_;            // the requests they belong to
+  std::vector<Clearance> clearances_;  // by seq % kSeqWindow
+  std::size_t key_stride_;             // the lane's data rails
+  std::vector<std::uint64_t> keys_;    // kSeqWindow x key_stride_ remote keys
+  std::vector<Request*> waiting_;      // sends by seq % kSeqWindow
+  std::uint32_t writes_posted_ = 0;    // every write posted (the close notice says it)
+  ReadyToSend batch_;                  // ready-to-sends not sent yet
+  std::vector<Request*> batched_;      // the requests they belong to
   // Carried control (eager.cpp, fill_carrier): the message being built, and a control message
   // taken from a receiving communicator that no inject has carried yet.
   std::vector<std::byte> carrier_;

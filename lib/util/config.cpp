@@ -199,14 +199,14 @@ constexpr Row kTable[] = {
     "scales queue depths of shared lanes; clamped to the provider's limits"),
   number<&Config::eager_max, 0, 1ull << 24>("LOOM_EAGER_MAX", "16k",
     "largest message sent eagerly (tagged send into one of the receiver's eager buffers, "
-    "copied from there into the posted buffer), never above the provider's max_msg_size; "
-    "larger messages use RDMA-write rendezvous"),
+    "copied from there into the posted buffer), never above the provider's max_msg_size, nor "
+    "on shm above its 4 KiB inject size; larger messages use RDMA-write rendezvous"),
   number_or_auto<&Config::eager_credits, 0, 256>("LOOM_EAGER_CREDITS", "auto",
     "eager buffers (of LOOM_EAGER_MAX bytes) each receiving communicator posts: its sender "
     "may have this many eager messages in flight before their buffers are announced; the "
     "rest wait for the announcement and go by RDMA write; 0 = every message waits; auto = the "
-    "provider's choice (64 on shm, where a write costs the receiver more than a send: 1 MiB "
-    "per communicator; 16 elsewhere: 256 KiB)"),
+    "provider's choice (64 on shm, where a write costs the receiver more than a send: 256 "
+    "KiB per communicator at its 4 KiB eager limit; 16 elsewhere: 256 KiB)"),
   number<&Config::inject_max, 0, 1ull << 20>("LOOM_INJECT_MAX", "15k",
     "largest eager message sent by fi_tinjectdata (no send completion, and room for a carried "
     "clear-to-send) where the provider's inject size allows it, and largest message written by "
@@ -230,10 +230,10 @@ constexpr Row kTable[] = {
     "cannot take it"),
   number<&Config::peer_timeout_ms, 1, kMaxMs>("LOOM_PEER_TIMEOUT_MS", "10000",
     "a peer silent this long while requests wait on it is taken as dead (peer error): a live "
-    "peer that answers pings never is, however long a request waits (it answers while its "
-    "process calls isend, irecv, test or wait on its communicators; connecting or accepting "
-    "others does not count); also how long a closed peer's pending messages have to arrive, and "
-    "close waits for its writes"),
+    "peer answers pings whatever its application does (its lanes progress in the background "
+    "every eighth of this, at most 100 ms), so only a dead, unreachable or stopped one is; also "
+    "how long a closed peer's pending messages have to arrive, and a closing lane keeps its "
+    "last control messages"),
   flag<&Config::force_flush>("LOOM_FORCE_FLUSH", "0",
     "run iflush's read even for host memory (tests the GPU path)"),
   flag<&Config::device_memory>("LOOM_DEVICE_MEMORY", "1",

@@ -98,6 +98,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       .complete_below = source.take<std::uint32_t>(),
       .span = static_cast<std::uint16_t>(source.take<std::uint16_t>() % (kCloseWindow + 2))};
   close.awaits_writes = (source.u8() & 1) != 0;
+  close.reason = static_cast<CloseReason>(source.u8() % 3);
+  close.writes_posted = source.take<std::uint32_t>();
   for (auto& byte : close.finished_bits) byte = source.u8();
   if (close.span <= kCloseWindow) {
     for (std::size_t bit = close.span; bit < kCloseWindow; ++bit) {
@@ -106,7 +108,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   const auto same_close = [](const CloseNotice& a, const CloseNotice& b) {
     return a.complete_below == b.complete_below && a.span == b.span &&
-           a.awaits_writes == b.awaits_writes && a.finished_bits == b.finished_bits;
+           a.awaits_writes == b.awaits_writes && a.reason == b.reason &&
+           a.writes_posted == b.writes_posted && a.finished_bits == b.finished_bits;
   };
   const auto close_fits = [](const CloseNotice& m) { return m.span <= kCloseWindow; };
 

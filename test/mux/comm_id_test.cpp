@@ -27,6 +27,7 @@ struct RecordingPort final : mux::CommPort {
   void on_remote_write(mux::WriteImmediate) override {}
   void on_deferred() override {}
   [[nodiscard]] bool drained() const noexcept override { return true; }
+  [[nodiscard]] bool abandoned() const noexcept override { return false; }
   void abandon_registrations() noexcept override {}
 };
 

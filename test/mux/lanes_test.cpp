@@ -76,6 +76,9 @@ void check_lanes(const Context& context, bool send, const std::vector<bool>& ope
                                                 ", expected " + std::to_string(expected));
   const std::size_t endpoints = lane_endpoints(context);
   require(endpoints == expected * 2, "loom reports " + std::to_string(endpoints) + " endpoints");
+  // A lane left by its last communicator closes once its close notice is out.
+  poll_until([&] { return context.stats().closing_lanes == 0; }, [] {}, "closing lanes to close",
+             10s);
   const std::size_t held = provider_endpoints(provider_family(context));
   require(held == endpoints_before + endpoints, "the provider holds " + std::to_string(held) +
                                                     " endpoints, loom accounts for " +

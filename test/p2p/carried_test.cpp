@@ -2,6 +2,7 @@
 // inside the eager messages its process sends the other way, and one lost with a receiving
 // communicator that closed before it landed is announced again (RecvCommImpl::
 // repeat_clearances). LOOM_CARRY_CONTROL=2 carries on every provider, shm included.
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -103,9 +104,13 @@ void ping_pong(Channel& channel, bool client) {
   require(received.cts_carried >= carrying / 2,
           std::to_string(received.cts_carried) + " clear-to-send batches carried in " +
               std::to_string(carrying) + " rounds that could carry one");
-  require(received.cts_carried > received.cts_sent,
+  // A buffer above the eager size (shm's is its 4 KiB inject size) is announced at once, on
+  // its own: its message is written. The rest ride more often than not.
+  const std::uint64_t announced_at_once = std::min(received.cts_sent, received.rendezvous);
+  require(received.cts_carried > received.cts_sent - announced_at_once,
           "fewer batches carried (" + std::to_string(received.cts_carried) + ") than sent (" +
-              std::to_string(received.cts_sent) + ")");
+              std::to_string(received.cts_sent) + ", " + std::to_string(announced_at_once) +
+              " of them for written messages)");
   std::uint64_t inbox = 0;
   for (const auto& lane : ends.context.stats().lanes) inbox += lane.carried_control;
   require(inbox >= carrying / 2,

@@ -376,13 +376,14 @@ void judge(const Cell& cell, const Message& m, std::span<const std::byte> receiv
 // but the last two of each (never sent, never received) until the child is dead.
 void survivor(Channel& channel) {
   const Config config = death_config();
-  const auto table = messages(config.eager_max);
+  Context context(config);
+  const std::size_t eager_max = context.nics().front().eager_max;
+  const auto table = messages(eager_max);
   const auto at = offsets(table);
   for (const Message& m : table) {
-    require(m.eager == (m.capacity <= config.eager_max),
-            "LOOM_EAGER_MAX must lie between 4000 B and 1 MiB for this test's sizes");
+    require(m.eager == (m.capacity <= eager_max),
+            "the eager limit must lie between 4000 B and 1 MiB for this test's sizes");
   }
-  Context context(config);
   Listener listener = context.listen();
   send_handle(channel, listener.handle());
   std::unique_ptr<RecvComm> in = accept_one(listener);
@@ -491,9 +492,9 @@ void survivor(Channel& channel) {
 // The child: sends and receives the first two messages, starts the next two and dies.
 void doomed(Channel& channel) {
   const Config config = death_config();
-  const auto table = messages(config.eager_max);
-  const auto at = offsets(table);
   Context context(config);
+  const auto table = messages(context.nics().front().eager_max);
+  const auto at = offsets(table);
   std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
   Listener listener = context.listen();
   send_handle(channel, listener.handle());
