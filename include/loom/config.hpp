@@ -35,6 +35,7 @@ struct Config {
   std::string log_level;                  // LOOM_LOG_LEVEL
   unsigned connect_timeout_ms{};          // LOOM_CONNECT_TIMEOUT_MS
   unsigned peer_timeout_ms{};             // LOOM_PEER_TIMEOUT_MS
+  bool peer_isolation{};                  // LOOM_PEER_ISOLATION
   bool force_flush{};                     // LOOM_FORCE_FLUSH
   bool device_memory{};                   // LOOM_DEVICE_MEMORY
   bool gpu_flush{};                       // LOOM_GPU_FLUSH

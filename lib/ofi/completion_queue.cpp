@@ -56,6 +56,12 @@ CompletionQueue::CompletionQueue(Nic& nic, std::size_t size)
 CompletionQueue::~CompletionQueue() = default;
 
 std::size_t CompletionQueue::progress() {
+  if (dispatching_) return 0;
+  const struct Dispatching {
+    bool& flag;
+    explicit Dispatching(bool& f) : flag(f) { flag = true; }
+    ~Dispatching() { flag = false; }
+  } dispatching(dispatching_);
   fi_cq_tagged_entry entries[kBatch];
   const long count = fi_cq_read(cq_.get(), entries, kBatch);
   if (count == -FI_EAGAIN) return 0;

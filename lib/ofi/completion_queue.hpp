@@ -36,7 +36,9 @@ class CompletionQueue {
   [[nodiscard]] fid_cq* get() const noexcept { return cq_.get(); }
   void set_remote_write_handler(RemoteWriteHandler* handler) noexcept { remote_writes_ = handler; }
 
-  // Reads up to kBatch completions and dispatches them; returns how many were handled.
+  // Reads up to kBatch completions and dispatches them; returns how many were handled. A
+  // handler that progresses the same queue again reads nothing (0): its entries are the
+  // outer call's to dispatch, in order.
   std::size_t progress();
 
  private:
@@ -47,7 +49,8 @@ class CompletionQueue {
   // FI_RX_CQ_DATA mode: a remote write's op_context is the receive it consumed, else not ours.
   bool rx_cq_data_;
   RemoteWriteHandler* remote_writes_ = nullptr;
-  LogLimit read_errors_;    // fi_cq_read / fi_cq_readerr failing
+  LogLimit read_errors_;  // fi_cq_read / fi_cq_readerr failing
+  bool dispatching_ = false;
   LogLimit orphan_errors_;  // error entries with no context to hand them to
 };
 

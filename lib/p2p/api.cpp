@@ -154,18 +154,19 @@ std::vector<NicDescription> Context::nics() const {
   const auto& localities = core_->localities();
   for (std::size_t i = 0; i < core_->nics().size(); ++i) {
     const auto& a = core_->nics()[i]->attributes();
-    out.push_back({.name = a.domain,
-                   .provider = a.provider,
-                   .fabric = a.fabric,
-                   .address = a.address,
-                   .endpoint_mr = a.endpoint_mr,
-                   .locality = i < localities.size() ? localities[i] : std::string(),
-                   .device_memory = a.device_memory,
-                   .device_memory_note = a.device_memory_note,
-                   .link_speed_mbps = a.link_speed_bps / 1'000'000,
-                   .max_message_size = p2p::max_message_size(a.max_msg_size),
-                   .eager_max = p2p::eager_limit(core_->config().eager_max, a.max_msg_size,
-                                                 a.peer_paced_above)});
+    out.push_back(
+        {.name = a.domain,
+         .provider = a.provider,
+         .fabric = a.fabric,
+         .address = a.address,
+         .endpoint_mr = a.endpoint_mr,
+         .locality = i < localities.size() ? localities[i] : std::string(),
+         .device_memory = a.device_memory,
+         .device_memory_note = a.device_memory_note,
+         .link_speed_mbps = a.link_speed_bps / 1'000'000,
+         .max_message_size = p2p::max_message_size(a.max_msg_size),
+         .eager_max = p2p::eager_limit(core_->config().eager_max, a.max_msg_size,
+                                       core_->config().peer_isolation ? a.peer_paced_above : 0)});
   }
   return out;
 }

@@ -47,6 +47,7 @@ Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::ui
                 .carry_control = core.config().carry_control,
                 .min_stripe = core.config().min_stripe,
                 .peer_timeout = std::chrono::milliseconds(core.config().peer_timeout_ms),
+                .peer_isolation = core.config().peer_isolation,
                 .force_flush = core.config().force_flush,
                 .gpu_flush = core.config().gpu_flush,
                 .provider = core.provider()},
@@ -55,9 +56,9 @@ Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::ui
       direction_(direction),
       peer_context_(peer),
       // Both directions use it: no eager send, and no eager receive, past it.
-      eager_max_(eager_limit(settings_.eager_max, lane.rails().max_msg_size(),
-                             lane.rails().data(0).nic().attributes().peer_paced_above)),
-      paced_above_(lane.rails().data(0).nic().attributes().peer_paced_above),
+      paced_above_(
+          settings_.peer_isolation ? lane.rails().data(0).nic().attributes().peer_paced_above : 0),
+      eager_max_(eager_limit(settings_.eager_max, lane.rails().max_msg_size(), paced_above_)),
       requests_(this, kMaxRequests) {
   retry_.reserve(kMaxRequests);
   retrying_.reserve(kMaxRequests);

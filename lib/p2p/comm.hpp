@@ -53,6 +53,7 @@ struct CommSettings {
   unsigned carry_control = 0;  // LOOM_CARRY_CONTROL
   std::size_t min_stripe = 0;
   std::chrono::milliseconds peer_timeout{0};
+  bool peer_isolation = true;
   bool force_flush = false;
   bool gpu_flush = true;
   std::string provider;  // for error texts
@@ -238,8 +239,9 @@ class Comm : public mux::CommPort {
   std::size_t control_rails_ = 0;
   std::vector<ofi::Address> peer_data_;
   std::vector<ofi::Address> peer_control_;
+  // Profile::peer_paced_above of the data rails' provider (0 with LOOM_PEER_ISOLATION=0).
+  std::size_t paced_above_;
   std::size_t eager_max_;
-  std::size_t paced_above_;      // Profile::peer_paced_above of the data rails' provider
   std::size_t inject_max_ = 0;   // eager sends up to this size are injected (no completion)
   bool inject_writes_ = true;    // writes up to inject_max_ too (every data rail's profile allows)
   std::size_t inject_size_ = 0;  // what the provider injects (a payload and a carried message)

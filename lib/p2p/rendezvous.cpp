@@ -96,48 +96,57 @@ void SendCommImpl::post_stripes(Request& r) {
     const std::size_t rail = (part.seq + i) % data_rails_;
     ofi::Rail& data_rail = lane_->rails().data(rail);
     void* desc = part.registration->desc(rail);
-    const std::size_t body =
-        paced_above_ != 0 && host && length > paced_above_ ? length - paced_above_ : 0;
-    Status status;
-    if (body != 0 && (r.bodies & bit) == 0) {
-      status = data_rail.write(peer_data_[rail], part.data + offset, body, desc,
-                               clearance.address + offset, keys[rail], &r.ops[i]);
-      if (status == Status::kOk) {
+    const bool paced = paced_above_ != 0 && host && length > paced_above_;
+    const std::size_t body = paced ? length : 0;
+    if (body != 0) {
+      if ((r.bodies & bit) == 0) {
+        const Status status = data_rail.write(peer_data_[rail], part.data + offset, body, desc,
+                                              clearance.address + offset, keys[rail], &r.ops[i]);
+        if (status != Status::kOk) {
+          break_or_retry(r, data_rail, status);
+          return;
+        }
         r.bodies |= bit;
         ++r.ops_outstanding;
-        continue;
+        // shm completes a write it could make itself in the call: the CQ data goes at once
+        // (from on_op, which calls this again).
+        data_rail.progress();
+        if (part.send != SendState::kWriting) return;  // failed meanwhile
       }
-    } else if (body != 0 && (r.bodies_done & bit) == 0) {
-      continue;  // the rest follows the body's completion
-    } else {
-      // An injected stripe is written once the call returns: no completion comes for it.
-      const bool inject = inject_writes_ && injects(part);
-      const std::size_t at = offset + body;
-      status = inject ? data_rail.inject_write(peer_data_[rail], part.data + at, length - body,
-                                               clearance.address + at, keys[rail], immediate)
-                      : data_rail.write(peer_data_[rail], part.data + at, length - body, desc,
-                                        clearance.address + at, keys[rail], immediate, &r.ops[i]);
-      if (status == Status::kOk) {
-        r.written |= bit;
-        ++r.stripes_posted;
-        ++writes_posted_;
-        if (inject) {
-          ++r.stripes_done;
-        } else {
-          ++r.ops_outstanding;
-        }
-        continue;
-      }
+      if ((r.written & bit) != 0 || (r.bodies_done & bit) == 0) continue;
     }
-    if (status == Status::kRetry) {
-      retry_later(r);
+    // An injected stripe is written once the call returns: no completion comes for it. A
+    // body's CQ data goes as an empty write after it.
+    const bool inject = inject_writes_ && (body != 0 || injects(part));
+    const std::size_t at = offset + body;
+    const Status status =
+        inject ? data_rail.inject_write(peer_data_[rail], part.data + at, length - body,
+                                        clearance.address + at, keys[rail], immediate)
+               : data_rail.write(peer_data_[rail], part.data + at, length - body, desc,
+                                 clearance.address + at, keys[rail], immediate, &r.ops[i]);
+    if (status != Status::kOk) {
+      break_or_retry(r, data_rail, status);
       return;
     }
-    r.fail(Status::kError, "isend: " + data_rail.last_error());
-    fail_part(r, part, Status::kError);
-    break_off(data_rail.last_error());
+    r.written |= bit;
+    ++r.stripes_posted;
+    ++writes_posted_;
+    if (inject) {
+      ++r.stripes_done;
+    } else {
+      ++r.ops_outstanding;
+    }
+  }
+}
+
+void SendCommImpl::break_or_retry(Request& r, ofi::Rail& rail, Status status) {
+  if (status == Status::kRetry) {
+    retry_later(r);
     return;
   }
+  r.fail(Status::kError, "isend: " + rail.last_error());
+  fail_part(r, r.parts[0], Status::kError);
+  break_off(rail.last_error());
 }
 
 // Sends are never cancelled by loom: a provider that cancels one (rxm, when the connection to

@@ -55,6 +55,8 @@ class SendCommImpl final : public Comm {
   void queue_ready_to_send(Request& request);
   void send_control_batch() override;  // the ready-to-sends
   void post_stripes(Request& request);
+  // A stripe's post failed: retried after progress (kRetry), else the send fails (break_off).
+  void break_or_retry(Request& request, ofi::Rail& rail, Status status);
   [[nodiscard]] std::uint8_t stripe_count(std::size_t size) const noexcept;
   [[gnu::cold]] void fail_send(Request& request, const ofi::Completion& completion);
   // close.cpp

@@ -234,6 +234,12 @@ constexpr Row kTable[] = {
     "every eighth of this, at most 100 ms), so only a dead, unreachable or stopped one is; also "
     "how long a closed peer's pending messages have to arrive, and a closing lane keeps its "
     "last control messages"),
+  flag<&Config::peer_isolation>("LOOM_PEER_ISOLATION", "1",
+    "a peer that stops taking messages (dead, stopped) never holds up the lane's traffic with "
+    "other peers; on shm, which completes an endpoint's operations above its 4 KiB inject size "
+    "in order and only once the peer took them, that keeps eager messages within 4 KiB and "
+    "writes longer ones itself (0: faster on shm at 8 KiB-1 MiB, up to 1.8x the 8 KiB rate, but "
+    "such a peer holds up every other's completions on the lane)"),
   flag<&Config::force_flush>("LOOM_FORCE_FLUSH", "0",
     "run iflush's read even for host memory (tests the GPU path)"),
   flag<&Config::device_memory>("LOOM_DEVICE_MEMORY", "1",
