@@ -20,7 +20,10 @@ constexpr std::size_t kMaxComms = std::size_t{1} << kCommIdBits;
 
 Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey key,
            std::uint64_t id, std::atomic<std::size_t>& deferred_lanes)
-    : key_(key), id_(id), deferred_lanes_(&deferred_lanes) {
+    : key_(key),
+      id_(id),
+      deferred_lanes_(&deferred_lanes),
+      promise_timeout_(shape.promise_timeout) {
   if (placement.data.empty()) throw Error("open lane", "", 0, "no data rail placed");
   const auto& nic = placement.data.front()->attributes();
   if (nic.tag_bits < kUsableTagBits) {
@@ -39,13 +42,6 @@ Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey 
                                    .depths = shape.depths,
                                    .mr_cache_entries = shape.mr_cache_entries});
   rails_->set_remote_write_handler(this);
-  for (std::size_t i = 0; i < rails_->data_rails(); ++i) {
-    const std::size_t depth = rails_->data(i).depths().rx;
-    const std::size_t reserve = std::max<std::size_t>(depth / 4, 1);
-    receives_posted_.push_back(0);
-    receive_limit_.push_back(std::max<std::size_t>(depth - std::min(reserve, depth), 1));
-    receive_share_.push_back(receive_limit_.back());
-  }
   auto all = rails_->rails();
   control_ = std::make_unique<ControlChannel>(all.subspan(rails_->data_rails()),
                                               static_cast<ControlSink&>(*this));
@@ -73,6 +69,7 @@ Lane::~Lane() {
                      retired_.size());
   }
   for (auto& port : retired_) port->abandon_registrations();
+  eager_.reset();
   control_.reset();
   rails_.reset();
   retired_.clear();
@@ -97,7 +94,6 @@ CommId Lane::attach(CommPort& port) {
   while (slots_[id & mask].port != nullptr) ++id;  // wraps at 2^16
   slots_[id & mask] = Slot{&port, id};
   ++attached_;
-  update_receive_share();
   next_id_ = static_cast<CommId>(id + 1);
   return id;
 }
@@ -107,7 +103,6 @@ void Lane::detach(CommId id) noexcept {
   if (slot.id == id && slot.port != nullptr) {
     slot.port = nullptr;
     --attached_;
-    update_receive_share();
   }
 }
 
@@ -139,11 +134,52 @@ std::size_t Lane::peers() const noexcept {
       peers_.begin(), peers_.end(), [](const auto& entry) { return entry.first.first == 0; }));
 }
 
-void Lane::update_receive_share() noexcept {
-  const std::size_t comms = std::max<std::size_t>(attached_, 1);
-  for (std::size_t rail = 0; rail < receive_limit_.size(); ++rail) {
-    receive_share_[rail] = std::max(receive_limit_[rail] / comms, kMinReceiveShare);
+EagerPool& Lane::eager_pool(std::size_t buffer_size, std::size_t wanted) {
+  if (!eager_) {
+    // A quarter of the receive queue stays free of posted eager buffers: rendezvous writes
+    // with remote CQ data consume receives on FI_RX_CQ_DATA providers, and the provider's
+    // own receives (rxm's) come from the same depth.
+    const std::size_t depth = rails_->data(0).depths().rx;
+    const std::size_t limit = std::max<std::size_t>(depth - std::max<std::size_t>(depth / 4, 1), 1);
+    const std::size_t count = std::clamp<std::size_t>(wanted, 1, limit);
+    eager_ = std::make_unique<EagerPool>(*rails_, count, buffer_size,
+                                         static_cast<EagerArrivalSink&>(*this), promise_timeout_);
+    util::log().debug("lane {}: {} eager buffers of {} bytes", id_, count, buffer_size);
   }
+  return *eager_;
+}
+
+void Lane::wait_for_credits(CommId id) {
+  if (std::find(waiting_for_credits_.begin(), waiting_for_credits_.end(), id) ==
+      waiting_for_credits_.end()) {
+    waiting_for_credits_.push_back(id);
+  }
+}
+
+// Each communicator that waited tries again at its next deferred run (its batch promises).
+void Lane::on_eager_released() {
+  if (waiting_for_credits_.empty()) [[likely]]
+    return;
+  for (CommId id : waiting_for_credits_)
+    if (port_of(id) != nullptr) defer(id);
+  waiting_for_credits_.clear();
+}
+
+bool Lane::on_eager_arrival(const EagerArrival& arrival) {
+  if (arrival.status != Status::kOk && arrival.status != Status::kTruncated) [[unlikely]] {
+    // No message came: its tag says nothing of whose it was.
+    util::log().warn("lane {}: eager receive failed: {}", id_, arrival.error_text);
+    eager_->release(arrival.buffer);
+    return true;
+  }
+  if (CommPort* port = port_of(arrival.tag.comm)) [[likely]] {
+    port->on_eager(arrival);
+    return true;
+  }
+  // A closed communicator's (its sender sent before it learned of the close): dropped.
+  ++stats_.stray_eager;
+  eager_->release(arrival.buffer);
+  return false;
 }
 
 void Lane::release_peer(std::span<const ofi::Address> data,
@@ -240,6 +276,7 @@ std::size_t Lane::progress() {
   run_deferred();
   const std::size_t handled = rails_->progress();
   control_->retry();
+  if (eager_) eager_->retry();
   if (!retired_.empty()) [[unlikely]]
     free_drained();
   if (!released_.empty()) [[unlikely]]

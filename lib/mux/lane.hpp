@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "mux/control_channel.hpp"
+#include "mux/eager_pool.hpp"
 #include "mux/routing.hpp"
 #include "ofi/rail_set.hpp"
 #include "util/spin_lock.hpp"
@@ -46,6 +48,8 @@ struct LaneShape {
   std::size_t control_rails = 1;
   ofi::RailDepths depths;
   std::size_t mr_cache_entries = 1024;
+  // How long a closed communicator's unspent eager credits stay promised (EagerPool).
+  std::chrono::milliseconds promise_timeout{10000};
 };
 
 // A communicator as its lane sees it.
@@ -54,6 +58,8 @@ class CommPort {
   virtual ~CommPort() = default;
   virtual void on_control(const ControlHeader& header, std::span<const std::byte> body) = 0;
   virtual void on_remote_write(WriteImmediate immediate) = 0;
+  // A message landed in the lane's eager pool for this communicator (receive lanes).
+  virtual void on_eager(const EagerArrival& /*arrival*/) {}
   // Called from Lane::progress after defer(): the work the communicator deferred (its control
   // batch, posts back-pressure held back).
   virtual void on_deferred() = 0;
@@ -81,15 +87,12 @@ struct LaneStats {
   std::size_t retired = 0;                // closed, waiting for their operations to drain
   std::uint64_t stray_control = 0;        // control messages for a comm id not attached
   std::uint64_t stray_remote_writes = 0;  // remote CQ data for a comm id not attached
+  std::uint64_t stray_eager = 0;          // eager messages for a comm id not attached
   std::uint64_t carried_control = 0;      // control messages that came through the inbox
 };
 
-class Lane final : ofi::RemoteWriteHandler, ControlSink {
+class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
  public:
-  // Posted receives (a receiver's eager buffers) a communicator may always hold, whatever its
-  // fair share (see may_post_receive).
-  static constexpr std::size_t kMinReceiveShare = 8;
-
   // Opens the rails where `placement` puts them; depths and cache size from `shape`.
   // `deferred_lanes` counts the lanes with deferred work (see LaneRegistry::any_deferred);
   // it must outlive the lane.
@@ -178,26 +181,22 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
 
   [[nodiscard]] LaneStats stats() const noexcept;
 
-  // Eager flow control. Providers buffer messages that arrive before their receive in a
-  // bounded pool (shm 1.17 draws them from the rx-depth entries posted receives use; rxm from
-  // its rx buffers): when it is full, the messages for posted receives queue behind them and
-  // the endpoint deadlocks (several comms on one lane, or small queues). So an eager message
-  // waits for the receiver's clear-to-send, sent once its receive is posted, and a receive lane
-  // keeps a quarter of each data rail's entries free of posted receives. A receiver that posts
-  // ahead (NCCL-style) costs nothing; one that posts late costs a one-way control message.
-  //
-  // The lane's share is split fairly between its communicators (whatever their peers): one
-  // may hold max(limit / communicators, kMinReceiveShare) posted, so a slow or dead peer whose
-  // receives wait for messages holds only its share while the others keep posting.
-  [[nodiscard]] bool may_post_receive(std::size_t rail, std::size_t held) const noexcept {
-    return receives_posted_[rail] < receive_limit_[rail] && held < receive_share_[rail];
-  }
-  void receive_posted(std::size_t rail) noexcept { ++receives_posted_[rail]; }
-  void receive_finished(std::size_t rail) noexcept { --receives_posted_[rail]; }
+  // The receive lane's eager buffers, opened by its first communicator that sends ahead: up to
+  // `wanted` of `buffer_size` bytes (the same for every communicator of the lane), leaving a
+  // quarter of data rail 0's receive queue free of them (see the README's Protocols section).
+  // Throws loom::Error.
+  EagerPool& eager_pool(std::size_t buffer_size, std::size_t wanted);
+  // Communicators attached now.
+  [[nodiscard]] std::size_t attached() const noexcept { return attached_; }
+  // The eager pool could not promise communicator `id` all the credits it wanted: its
+  // on_deferred() runs when buffers come back.
+  void wait_for_credits(CommId id);
 
  private:
   void on_remote_write(std::uint64_t data) override;
   void on_control(const ControlHeader& header, std::span<const std::byte> body) override;
+  bool on_eager_arrival(const EagerArrival& arrival) override;
+  void on_eager_released() override;
   // The communicator `id` names, or nullptr when none is attached under that id (generation
   // included).
   [[nodiscard]] CommPort* port_of(CommId id) const noexcept {
@@ -207,8 +206,6 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   void dispatch_inbox();
   void free_drained();
   void remove_released_peers() noexcept;
-  // The communicators changed: each one's share of the posted receives follows.
-  void update_receive_share() noexcept;
 
   LaneKey key_;
   std::uint64_t id_;
@@ -217,6 +214,8 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   std::vector<std::unique_ptr<CommPort>> retired_;
   std::unique_ptr<ofi::RailSet> rails_;
   std::unique_ptr<ControlChannel> control_;
+  std::unique_ptr<EagerPool> eager_;
+  std::vector<CommId> waiting_for_credits_;
   struct Slot {
     CommPort* port = nullptr;
     CommId id = 0;
@@ -241,9 +240,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink {
   std::vector<std::byte> draining_;
   std::atomic<bool> inbox_pending_{false};
   LaneStats stats_;
-  std::vector<std::size_t> receives_posted_;  // per data rail
-  std::vector<std::size_t> receive_limit_;    // per data rail
-  std::vector<std::size_t> receive_share_;    // per data rail: what one communicator may hold
+  std::chrono::milliseconds promise_timeout_;
 };
 
 }  // namespace loom::mux

@@ -34,6 +34,9 @@ struct DataTag {
 inline constexpr std::uint32_t kTagSeqMask = (1u << kTagSeqBits) - 1;
 // What a receive that takes any sequence number ignores.
 inline constexpr std::uint64_t kTagSeqFieldMask = (std::uint64_t{1} << kTagSeqFieldBits) - 1;
+// What a receive that takes any communicator's message of a kind ignores (a lane's eager pool).
+inline constexpr std::uint64_t kTagCommAndSeqMask =
+    (std::uint64_t{1} << (kCommIdBits + kTagSeqFieldBits)) - 1;
 
 constexpr std::uint64_t encode_tag(DataTag t) {
   return (std::uint64_t{static_cast<std::uint8_t>(t.kind)} << (kCommIdBits + kTagSeqFieldBits)) |

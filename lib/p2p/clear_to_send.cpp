@@ -84,7 +84,7 @@ void RecvCommImpl::announce(Request& r) {
     part.to(RecvState::kAnnounced);
     batched_.push_back({&r, static_cast<std::uint8_t>(i)});
     defer();
-    if (eager_held_ != 0) deliver_held(r, part);
+    if (!held_.empty()) deliver_held(r, part);
   }
 }
 
@@ -92,7 +92,7 @@ void RecvCommImpl::announce(Request& r) {
 // waiting for them; credits alone only once half the eager buffers wait to be granted again,
 // since until then the sender has credits left and a message the other way may carry them.
 void RecvCommImpl::send_control_batch() {
-  post_eager_buffers();  // what the lane's share refused before (nothing to do, mostly)
+  promise_credits();  // what the pool could not promise before (nothing to do, mostly)
   if (batch_.count == 0 && credits_to_grant_ == 0) return;
   if (closed_ || peer_gone()) {
     for (const PartRef& ref : batched_) {
@@ -103,7 +103,7 @@ void RecvCommImpl::send_control_batch() {
     batched_.clear();
     return;
   }
-  if (batch_.count == 0 && 2 * credits_to_grant_ < eager_count_) return;
+  if (batch_.count == 0 && 2 * credits_to_grant_ < max_credits_) return;
   std::byte body[mux::kMaxControlBody];
   const std::size_t length = encode_batch(body);
   // See SendCommImpl::send_control_batch: an unencodable batch fails its requests.
@@ -147,7 +147,10 @@ std::size_t RecvCommImpl::encode_batch(std::span<std::byte> out) {
 
 // The batch left (kOk) or could not (the sender never learns of its buffers).
 void RecvCommImpl::batch_left(Status status) {
-  if (status == Status::kOk) credits_to_grant_ -= batch_.credits;
+  if (status == Status::kOk) {
+    credits_to_grant_ -= batch_.credits;
+    credits_out_ += batch_.credits;
+  }
   for (const PartRef& ref : batched_) {
     Request& r = *ref.request;
     Part& part = r.parts[ref.part];

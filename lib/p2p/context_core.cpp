@@ -33,7 +33,8 @@ ContextCore::ContextCore(const Config& config) : config_(config), rng_(random_se
   mux::LaneShape shape{.data_rails = config_.data_rails,
                        .control_rails = config_.ctrl_rails,
                        .depths = {depth, depth},
-                       .mr_cache_entries = config_.mr_cache_entries};
+                       .mr_cache_entries = config_.mr_cache_entries,
+                       .promise_timeout = std::chrono::milliseconds(config_.peer_timeout_ms)};
   // The background progress answers a peer's pings while the application is busy elsewhere:
   // several times within the peer timeout (pings go every quarter of it), and often enough
   // that a close notice waiting for the provider's first contact leaves soon.

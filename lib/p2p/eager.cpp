@@ -1,20 +1,20 @@
 // Eager: a message up to the receiver's eager size goes as one tagged send (tag = kind | peer
-// comm id | seq, CQ data = the user's tag) into one of the eager buffers the receiver posted
-// for it, without waiting for its buffer's clear-to-send: each eager buffer is a credit the
-// receiver granted in a clear-to-send batch. The receiver copies the message into the buffer
-// the irecv for its sequence number gives (at once if that is posted, else when it is), judges
-// it there (verdict.hpp), reposts the eager buffer and grants it again with its next batch.
-// The sender learns the verdict from the buffer's announcement, which every buffer gets.
+// comm id | seq, CQ data = the user's tag) into one of the eager buffers of the receiver's
+// lane (mux/eager_pool.hpp), without waiting for its buffer's clear-to-send: each credit the
+// receiver granted in a clear-to-send batch is a posted buffer the pool promised. The receiver
+// copies the message into the buffer the irecv for its sequence number gives (at once if that
+// is posted, else when it is), judges it there (verdict.hpp), gives the eager buffer back and
+// is promised a credit again for its next batch. The sender learns the verdict from the
+// buffer's announcement, which every buffer gets.
 //
 // Nothing waits in the provider's unexpected-message pool: a message leaves only onto a posted
 // eager buffer (a credit) or, without credits, by RDMA write once its buffer is announced.
-// Memory per receiving communicator: LOOM_EAGER_CREDITS x LOOM_EAGER_MAX (16 x 16 KiB; on shm
-// 64 x 16 KiB, its profile's choice), one registration. Eager buffers live on data rail 0:
+// Eager memory is the lane's pool, whatever the peers. Eager buffers live on data rail 0:
 // small messages gain nothing from striping.
 //
 // An injected eager message may also carry a clear-to-send batch one of our receiving
 // communicators owes the same peer context (mux/carried_control.hpp; fill_carrier here, the
-// receiving end in on_eager_buffer).
+// receiving end in on_eager).
 #include <cstring>
 
 #include "mux/carried_control.hpp"
@@ -175,81 +175,47 @@ void SendCommImpl::settle_sent_ahead(Request& r, const Clearance& clearance) {
 
 // ---- receiver ----
 
-void RecvCommImpl::EagerBuffer::on_completion(ofi::OpContext&, const ofi::Completion& completion) {
-  owner->on_eager_buffer(*this, completion);
-}
+// A lane's eager pool holds this many times one communicator's credits: a few peers sending at
+// full rate at once, and a fair share for each of many.
+constexpr std::size_t kPoolCredits = 4;
 
-// At connection: the eager buffers, registered once on the lane's rails (bound to its
-// endpoints under FI_MR_ENDPOINT), then posted; the first batch grants them.
+// At connection: the lane's eager pool (opened by its first receiving communicator), and the
+// first batch promises credits out of it.
 void RecvCommImpl::on_peer_connected() {
   lanes_.add_control_source(peer_context_, *lane_, id_);
-  const std::size_t count =
+  max_credits_ =
       settings_.eager_credits.value_or(lane_->rails().data(0).nic().attributes().eager_credits);
-  if (count == 0 || eager_max_ == 0 || data_rails_ == 0) return;
-  eager_size_ = eager_max_;
-  // Not initialized: a page is touched only by the messages that reach it.
-  eager_memory_ = std::make_unique_for_overwrite<std::byte[]>(eager_size_ * count);
-  eager_registration_ = &lane_->rails().mr_cache().acquire(eager_memory_.get(), eager_size_ * count,
-                                                           MemoryType::kHost, 0);
-  eager_buffers_ = std::make_unique<EagerBuffer[]>(count);
-  eager_count_ = count;
-  for (std::size_t i = 0; i < count; ++i) {
-    EagerBuffer& buffer = eager_buffers_[i];
-    buffer.owner = this;
-    buffer.data = eager_memory_.get() + i * eager_size_;
-    buffer.op.handler = &buffer;
-  }
-  post_eager_buffers();
+  if (max_credits_ == 0 || eager_max_ == 0 || data_rails_ == 0) return;
+  pool_ = &lane_->eager_pool(eager_max_, kPoolCredits * max_credits_);
+  eager_size_ = pool_->buffer_size();
+  held_.reserve(max_credits_);
 }
 
-void RecvCommImpl::release_registrations() {
-  if (eager_registration_ != nullptr) lane_->rails().mr_cache().release(*eager_registration_);
-  eager_registration_ = nullptr;
-  Comm::release_registrations();
-}
-
-void RecvCommImpl::abandon_registrations() noexcept {
-  eager_registration_ = nullptr;
-  Comm::abandon_registrations();
-}
-
-// Each eager buffer posted is a credit for the next batch.
-void RecvCommImpl::post_eager_buffers() {
-  for (std::size_t i = 0; i < eager_count_ && eager_posted_ + eager_held_ != eager_count_; ++i) {
-    EagerBuffer& buffer = eager_buffers_[i];
-    if (buffer.state == EagerBuffer::State::kIdle && !post_eager_buffer(buffer)) return;
-  }
-}
-
-// False when the buffer stays idle: closing, the lane's share (tried again with the next
-// batch), back-pressure, or an error (the sender then waits for announcements instead).
-bool RecvCommImpl::post_eager_buffer(EagerBuffer& buffer) {
-  if (closed_ || peer_gone() || !lane_->may_post_receive(0, eager_posted_)) return false;
-  ofi::Rail& rail = lane_->rails().data(0);
-  const Status status = rail.tagged_recv(buffer.data, eager_size_, eager_registration_->desc(0),
-                                         mux::encode_tag({mux::TagKind::kEager, id_, 0}),
-                                         mux::kTagSeqFieldMask, &buffer.op);
-  if (status != Status::kOk) {
-    if (status != Status::kRetry) {
-      util::log().warn("comm {} on lane {}: eager buffer not posted: {}", id_, lane_->id(),
-                       rail.last_error());
-    }
-    return false;
-  }
-  buffer.state = EagerBuffer::State::kPosted;
-  ++eager_posted_;
-  lane_->receive_posted(0);
-  ++credits_to_grant_;
+// Tops the sender's credits up to LOOM_EAGER_CREDITS as far as the pool may promise this
+// communicator now (its share of the lane's); they go with the next batch. Called with each
+// batch, so a communicator gets credits once its application receives on it (credits go where
+// traffic is, an idle peer's communicator holds none), and again whenever a message it took
+// gives its buffer back. One the pool cannot serve in full is woken when buffers come back.
+void RecvCommImpl::promise_credits() {
+  if (pool_ == nullptr || closed_ || peer_gone()) return;
+  const std::size_t held = credits_out_ + credits_to_grant_;
+  if (held >= max_credits_) return;
+  const std::size_t promised = pool_->promise(max_credits_ - held, held, lane_->attached());
+  // Short of its share because the pool ran dry: woken when buffers come back.
+  if (promised < max_credits_ - held && pool_->unpromised() == 0) lane_->wait_for_credits(id_);
+  if (promised == 0) return;
+  credits_to_grant_ += promised;
   defer();
-  return true;
 }
 
 void RecvCommImpl::cancel_standing() {
   lanes_.remove_control_source(peer_context_, *lane_, id_);
-  for (std::size_t i = 0; i < eager_count_; ++i) {
-    if (eager_buffers_[i].state == EagerBuffer::State::kPosted)
-      lane_->rails().data(0).cancel(&eager_buffers_[i].op);
-  }
+  if (pool_ == nullptr) return;
+  for (const Held& held : held_) pool_->release(held.buffer);
+  held_.clear();
+  // Messages the sender sent on these may still come: they stay promised a while.
+  pool_->forget(credits_out_ + credits_to_grant_);
+  credits_out_ = credits_to_grant_ = 0;
 }
 
 // The full sequence number of a message whose tag carries its low kTagSeqBits: it lies within
@@ -260,90 +226,94 @@ std::uint32_t RecvCommImpl::full_seq(std::uint32_t low) const noexcept {
   return delta < half ? next_seq_ + delta : next_seq_ - ((mux::kTagSeqMask + 1) - delta);
 }
 
-void RecvCommImpl::on_eager_buffer(EagerBuffer& buffer, const ofi::Completion& completion) {
-  --eager_posted_;
-  lane_->receive_finished(0);
-  buffer.state = EagerBuffer::State::kIdle;
-  // Closing, a message that came still finishes its buffer (close() progresses once first).
-  if (completion.status == Status::kCancelled) return;
-  if (completion.status != Status::kOk) {
-    // A message above the credit's size breaks the protocol; anything else is the connection.
-    peer_lost(completion.status == Status::kTruncated
-                  ? "irecv: the peer sent " +
-                        std::to_string(completion.length + completion.overflow) +
-                        " bytes into an eager buffer of " + std::to_string(eager_size_)
-                  : "irecv: eager buffer: " + std::string(completion.error_text));
+void RecvCommImpl::on_eager(const mux::EagerArrival& arrival) {
+  if (credits_out_ != 0) --credits_out_;
+  if (arrival.status != Status::kOk) {
+    // Only a message larger than the credit's buffer fails here: it breaks the protocol.
+    pool_->release(arrival.buffer);
+    peer_lost("irecv: the peer sent " + std::to_string(arrival.length + arrival.overflow) +
+              " bytes into an eager buffer of " + std::to_string(eager_size_));
     return;
   }
-  const mux::DataTag wire_tag = mux::decode_tag(completion.tag);
-  std::size_t length = completion.length;
-  if (wire_tag.carries_control) {
+  std::size_t length = arrival.length;
+  const std::byte* data = pool_->data(arrival.buffer);
+  if (arrival.tag.carries_control) {
     // The control message goes to its lane whatever becomes of the payload: the peer's sender
     // there waits for it.
     mux::CarriedControl carried;
-    if (const char* why = mux::decode_carrier({buffer.data, length}, carried)) [[unlikely]] {
+    if (const char* why = mux::decode_carrier({data, length}, carried)) [[unlikely]] {
+      pool_->release(arrival.buffer);
       peer_lost(std::string("irecv: eager message: ") + why);
       return;
     }
     lanes_.post_carried(carried.target_lane, carried.message);
     length = carried.payload_length;
   }
-  buffer.state = EagerBuffer::State::kHeld;
-  ++eager_held_;
-  buffer.seq = full_seq(wire_tag.seq);
-  buffer.length = length;
-  buffer.has_tag = completion.has_data;
-  buffer.tag = completion.data;
+  const Held held{.buffer = arrival.buffer,
+                  .seq = full_seq(arrival.tag.seq),
+                  .length = static_cast<std::uint32_t>(length),
+                  .has_tag = arrival.has_data,
+                  .tag = static_cast<Tag>(arrival.data)};
   Request* r = nullptr;
   std::size_t i = 0;
-  Part* part = waiting_part(buffer.seq, ~0u, &r, &i);
+  Part* part = waiting_part(held.seq, ~0u, &r, &i);
   if (part == nullptr) {
     // Its irecv comes later; or it came and failed already (the sender learns it from the
     // refusal announced): the message is dropped.
-    if (seq_before(buffer.seq, next_seq_)) give_back(buffer);
+    if (seq_before(held.seq, next_seq_)) {
+      pool_->release(held.buffer);
+      promise_credits();
+    } else {
+      held_.push_back(held);
+    }
     return;
   }
   switch (part->recv) {
     case RecvState::kAnnounced:
     case RecvState::kCleared:
-      deliver(*r, *part, buffer);
+      deliver(*r, *part, held);
       return;
     case RecvState::kAwaitingPost:
     case RecvState::kToAnnounce:
-      return;  // delivered once announced (announce())
+      held_.push_back(held);  // delivered once announced (announce())
+      return;
     default:
       part->status = Status::kError;
       r->fail(Status::kError, "irecv: message " + std::to_string(part->seq) +
                                   " arrived eagerly into a buffer being written");
       fail_part(*r, *part, Status::kError);
-      give_back(buffer);
+      pool_->release(held.buffer);
+      promise_credits();
   }
 }
 
-// An announced part whose message one of the eager buffers holds: delivered from there.
+// An announced part whose message the eager pool holds for us: delivered from there.
 void RecvCommImpl::deliver_held(Request& r, Part& part) {
-  for (std::size_t i = 0; i < eager_count_ && eager_held_ != 0; ++i) {
-    EagerBuffer& buffer = eager_buffers_[i];
-    if (buffer.state == EagerBuffer::State::kHeld && buffer.seq == part.seq) {
-      deliver(r, part, buffer);
-      return;
-    }
+  for (std::size_t k = 0; k < held_.size(); ++k) {
+    if (held_[k].seq != part.seq) continue;
+    const Held held = held_[k];
+    held_[k] = held_.back();
+    held_.pop_back();
+    deliver(r, part, held);
+    return;
   }
 }
 
 // The receiver's verdict on a message sent ahead (the sender reaches the same one from the
-// buffer's announcement); only a message that fits is copied.
-void RecvCommImpl::deliver(Request& r, Part& part, EagerBuffer& buffer) {
+// buffer's announcement); only a message that fits is copied. The buffer goes back to the pool,
+// and the credit with it.
+void RecvCommImpl::deliver(Request& r, Part& part, const Held& held) {
   const BufferFacts facts{part.size, part.tag, part.status != Status::kOk};
-  const Tag tag = buffer.has_tag ? static_cast<Tag>(buffer.tag) : ~part.tag;
-  const Verdict verdict = judge(facts, buffer.length, tag);
-  if (verdict == Verdict::kFits && buffer.length != 0) {
+  const Tag tag = held.has_tag ? held.tag : ~part.tag;
+  const Verdict verdict = judge(facts, held.length, tag);
+  if (verdict == Verdict::kFits && held.length != 0) {
+    const std::byte* data = pool_->data(held.buffer);
     if (part.registration == nullptr || part.registration->type() == MemoryType::kHost) {
-      std::memcpy(part.data, buffer.data, buffer.length);
+      std::memcpy(part.data, data, held.length);
     } else {
       try {
-        util::cuda::Driver::instance().copy_to_device(part.registration->device(), part.data,
-                                                      buffer.data, buffer.length);
+        util::cuda::Driver::instance().copy_to_device(part.registration->device(), part.data, data,
+                                                      held.length);
       } catch (const Error& e) {
         part.status = Status::kError;
         r.fail(Status::kError, std::string("irecv: copy into device memory: ") + e.what());
@@ -352,25 +322,19 @@ void RecvCommImpl::deliver(Request& r, Part& part, EagerBuffer& buffer) {
   }
   if (verdict != Verdict::kFits && part.status == Status::kOk) {
     part.status = status_of(verdict);
-    r.fail(part.status,
-           explain(verdict, Side::kReceiver, part.seq, facts, buffer.length, buffer.tag));
+    r.fail(part.status, explain(verdict, Side::kReceiver, part.seq, facts, held.length, tag));
   }
   if (part.status == Status::kOk) {
-    part.delivered = buffer.length;
+    part.delivered = held.length;
     ++stats_.eager;
   }
-  give_back(buffer);
+  pool_->release(held.buffer);
+  promise_credits();
   if (part.recv == RecvState::kCleared) {
     part.to(part.status == Status::kOk ? RecvState::kDone : RecvState::kFailed);
   } else {
     part.to(RecvState::kArrived);  // reported once the batch announcing it left
   }
-}
-
-void RecvCommImpl::give_back(EagerBuffer& buffer) {
-  buffer.state = EagerBuffer::State::kIdle;
-  --eager_held_;
-  post_eager_buffer(buffer);
 }
 
 }  // namespace loom::p2p

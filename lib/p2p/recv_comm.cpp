@@ -11,20 +11,12 @@ namespace loom::p2p {
 RecvCommImpl::RecvCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
     : Comm(core, lane, mux::Direction::kRecv, peer), by_seq_(kSeqWindow), announced_(kSeqWindow) {}
 
-// The eager buffers' registration goes before their memory (Comm's destructor runs after
-// ours). Closed and drained: close() gave it back already; retired: the lane holds its lock.
+// Closed: close() gave back what it held. A communicator destroyed without closing (a
+// constructor that threw) lets go here.
 RecvCommImpl::~RecvCommImpl() {
-  if (closed_) {
-    RecvCommImpl::release_registrations();
-    return;
-  }
+  if (closed_) return;
   std::lock_guard lock(lane_->mutex());
-  lanes_.remove_control_source(peer_context_, *lane_, id_);
-  RecvCommImpl::release_registrations();
-}
-
-bool RecvCommImpl::drained() const noexcept {
-  return eager_posted_ == 0 && Comm::drained();
+  cancel_standing();
 }
 
 Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
@@ -157,7 +149,7 @@ void RecvCommImpl::advance(Request& r) {
     post_flush_reads(r);
     return;
   }
-  bool urgent = eager_posted_ == 0;
+  bool urgent = credits_out_ + credits_to_grant_ == 0;
   for (std::size_t i = 0; i < r.part_count; ++i) {
     Part& part = r.parts[i];
     if (part.recv == RecvState::kAwaitingPost) part.to(RecvState::kToAnnounce);

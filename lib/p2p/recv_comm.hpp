@@ -25,8 +25,6 @@ class RecvCommImpl final : public Comm {
   void on_op(Request& request, std::size_t index, const ofi::Completion& completion) override;
   void on_control(const mux::ControlHeader& header, std::span<const std::byte> body) override;
   void on_remote_write(mux::WriteImmediate immediate) override;
-  [[nodiscard]] bool drained() const noexcept override;
-  void abandon_registrations() noexcept override;
   std::size_t take_carried_control(std::span<std::byte> out, std::uint64_t& target_lane) override;
 
  private:
@@ -36,27 +34,11 @@ class RecvCommImpl final : public Comm {
     std::uint8_t part = 0;
   };
 
-  // eager.cpp: the buffers behind the sender's credits. Each takes one message sent ahead
-  // (tag: kEager | our id | any seq) and holds it until the irecv for its sequence number.
-  struct EagerBuffer final : ofi::CompletionHandler {
-    enum class State : std::uint8_t { kIdle, kPosted, kHeld };
-    RecvCommImpl* owner = nullptr;
-    std::byte* data = nullptr;
-    State state = State::kIdle;
-    bool has_tag = false;  // kHeld: the message carried CQ data (its tag)
-    std::uint32_t seq = 0;
-    std::size_t length = 0;
-    std::uint64_t tag = 0;
-    ofi::OpContext op;
-    void on_completion(ofi::OpContext& op, const ofi::Completion& completion) override;
-  };
-
   void advance(Request& request) override;
   // A part leaves for kFailed (kArrived: for the outcome it has).
   void fail_part(Request& request, Part& part, Status status) override;
   void on_peer_connected() override;
   void cancel_standing() override;
-  void release_registrations() override;
   // iflush: one read per data rail (see iflush), and the completion of one.
   void post_flush_reads(Request& request);
   void on_flush_read(Request& request, const ofi::Completion& completion);
@@ -69,13 +51,18 @@ class RecvCommImpl final : public Comm {
   std::size_t encode_batch(std::span<std::byte> out);
   void batch_left(Status status);
   void repeat_clearances(std::uint32_t from) override;
-  // eager.cpp
-  void post_eager_buffers();                    // every idle one the lane's share allows
-  bool post_eager_buffer(EagerBuffer& buffer);  // false: it stays idle
-  void on_eager_buffer(EagerBuffer& buffer, const ofi::Completion& completion);
+  // eager.cpp: a message sent ahead, in one of the lane's pool buffers until its irecv.
+  struct Held {
+    std::uint32_t buffer = 0;
+    std::uint32_t seq = 0;
+    std::uint32_t length = 0;
+    bool has_tag = false;  // the message carried CQ data (its tag)
+    Tag tag = 0;
+  };
+  void on_eager(const mux::EagerArrival& arrival) override;
+  void promise_credits();
   void deliver_held(Request& request, Part& part);
-  void deliver(Request& request, Part& part, EagerBuffer& buffer);
-  void give_back(EagerBuffer& buffer);
+  void deliver(Request& request, Part& part, const Held& held);
   [[nodiscard]] std::uint32_t full_seq(std::uint32_t low) const noexcept;
   // rendezvous.cpp
   void on_ready_to_send(std::span<const std::byte> body);
@@ -106,16 +93,15 @@ class RecvCommImpl final : public Comm {
     bool valid = false;
   };
   std::vector<Announced> announced_;
-  // Eager buffers: LOOM_EAGER_CREDITS of eager_size_ bytes in one registration. Those not
-  // posted or held are idle.
+  // Sending ahead: the lane's eager pool (its buffers are eager_size_ bytes), the credits the
+  // sender may hold at most (LOOM_EAGER_CREDITS), those it holds, those promised by the pool
+  // for the next batch, and the messages held for their irecvs.
+  mux::EagerPool* pool_ = nullptr;
   std::size_t eager_size_ = 0;
-  std::size_t eager_count_ = 0;
-  std::size_t eager_posted_ = 0;  // the receives this comm holds (the lane limits its share)
-  std::size_t eager_held_ = 0;
-  std::size_t credits_to_grant_ = 0;  // posted since the last batch
-  std::unique_ptr<std::byte[]> eager_memory_;
-  ofi::MemoryRegistration* eager_registration_ = nullptr;
-  std::unique_ptr<EagerBuffer[]> eager_buffers_;
+  std::size_t max_credits_ = 0;
+  std::size_t credits_out_ = 0;
+  std::size_t credits_to_grant_ = 0;
+  std::vector<Held> held_;
   // Every write that arrived, and (from the sender's close notice or its WritesPosted answer)
   // every write it posted: closing waits until the first reaches the second, once the sender
   // was told of a buffer this side did not finish (awaiting_writes_).

@@ -202,11 +202,11 @@ constexpr Row kTable[] = {
     "copied from there into the posted buffer), never above the provider's max_msg_size, nor "
     "on shm above its 4 KiB inject size; larger messages use RDMA-write rendezvous"),
   number_or_auto<&Config::eager_credits, 0, 256>("LOOM_EAGER_CREDITS", "auto",
-    "eager buffers (of LOOM_EAGER_MAX bytes) each receiving communicator posts: its sender "
-    "may have this many eager messages in flight before their buffers are announced; the "
-    "rest wait for the announcement and go by RDMA write; 0 = every message waits; auto = the "
-    "provider's choice (64 on shm, where a write costs the receiver more than a send: 256 "
-    "KiB per communicator at its 4 KiB eager limit; 16 elsewhere: 256 KiB)"),
+    "eager messages a receiving communicator's sender may have in flight before their buffers "
+    "are announced (credits out of its lane's eager pool of 4x this many buffers, its fair "
+    "share of them when the lane serves many peers); the rest wait for the announcement and "
+    "go by RDMA write; 0 = every message waits; auto = the provider's choice (64 on shm, where "
+    "a write costs the receiver more than a send; 16 elsewhere)"),
   number<&Config::inject_max, 0, 1ull << 20>("LOOM_INJECT_MAX", "15k",
     "largest eager message sent by fi_tinjectdata (no send completion, and room for a carried "
     "clear-to-send) where the provider's inject size allows it, and largest message written by "

@@ -481,6 +481,55 @@ TEST_CASE("p2p shared lanes: a slow peer's posted receives leave room for the ot
   for (const std::string& p : outcome.peers) CHECK(p.empty());
 }
 
+// 16 peers on one receive lane: its eager buffers are one pool, and every peer's sender gets
+// credits out of it (its fair share). When each receiving communicator posted its own eager
+// buffers within a share of the lane's receive queue, the first twelve on tcp (three on shm)
+// took the whole queue and the later ones got no credit at all: every message of theirs
+// waited for its clear-to-send.
+TEST_CASE("p2p shared lanes: every peer of a crowded lane gets eager credits", "[shared-lanes]") {
+  constexpr std::size_t kPeers = 16;
+  constexpr std::size_t kMessages = 8;
+  constexpr std::size_t kSize = 1000;
+  const auto hub = [&](std::span<Channel> channels) {
+    Context context(hub_config());
+    Listener listener = context.listen();
+    std::vector<HubLink> links;
+    for (Channel& channel : channels) links.push_back(link_peer(context, listener, channel));
+    std::vector<Transfer> transfers;
+    transfers.reserve(kPeers * kMessages);
+    for (std::size_t p = 0; p < kPeers; ++p) {
+      for (std::size_t m = 0; m < kMessages; ++m) {
+        post_receive(transfers.emplace_back(), *links[p].in, kSize, seed_of(p, true, m));
+      }
+    }
+    start_together(channels);
+    finish_all(transfers, "the crowded lane's messages");
+    for (std::size_t p = 0; p < kPeers; ++p) {
+      const auto eager = channels[p].recv_value<std::uint64_t>();
+      require(eager != 0, "peer " + std::to_string(p) + " of " + std::to_string(kPeers) +
+                              " sent nothing ahead: it got no credit");
+    }
+    for (Channel& channel : channels) channel.barrier();
+  };
+  const auto peer = [&](Channel& channel, std::size_t index) {
+    Context context(hub_config());
+    Listener listener = context.listen();
+    std::vector<Transfer> transfers;
+    HubLink link = join_hub(context, listener, channel);
+    start_together({&channel, 1});
+    for (std::size_t m = 0; m < kMessages; ++m) {
+      post_send(transfers.emplace_back(), *link.out, kSize, seed_of(index, true, m));
+    }
+    finish_all(transfers, "peer " + std::to_string(index) + "'s messages");
+    channel.send_value<std::uint64_t>(link.out->stats().eager);
+    channel.barrier();
+  };
+  const StarOutcome outcome = run_star(hub, peer, kPeers);
+  INFO(outcome.hub);
+  CHECK(outcome.hub.empty());
+  for (const std::string& p : outcome.peers) CHECK(p.empty());
+}
+
 // ---- Isolation at scale ----
 // A hub and 16 peers on one lane each way. After warm-up rounds with all of them, peer 0 dies
 // while its 64 MiB message to the hub is being written (the hub's 16 MiB to it waits for a

@@ -1,0 +1,118 @@
+#include "mux/eager_pool.hpp"
+
+#include <algorithm>
+
+#include "ofi/memory_registration.hpp"
+#include "ofi/rail_set.hpp"
+#include "util/log.hpp"
+
+namespace loom::mux {
+
+EagerPool::EagerPool(ofi::RailSet& rails, std::size_t count, std::size_t buffer_size,
+                     EagerArrivalSink& sink, std::chrono::milliseconds promise_timeout)
+    : rails_(&rails),
+      sink_(&sink),
+      buffer_size_(buffer_size),
+      promise_timeout_(promise_timeout),
+      memory_(std::make_unique_for_overwrite<std::byte[]>(count * buffer_size)),
+      slots_(count) {
+  registration_ =
+      &rails.mr_cache().acquire(memory_.get(), count * buffer_size, MemoryType::kHost, 0);
+  reposts_.reserve(count);
+  for (Slot& slot : slots_) slot.op.handler = this;
+  for (std::uint32_t i = 0; i < slots_.size(); ++i) {
+    if (!post(i)) reposts_.push_back(i);
+  }
+}
+
+// Posted receives point into memory_: cancel them so no completion can name a buffer after
+// this. The lane's endpoints close right after, which drops them for good.
+EagerPool::~EagerPool() {
+  for (Slot& slot : slots_) {
+    if (slot.posted) static_cast<void>(rails_->data(0).cancel(&slot.op));
+  }
+  rails_->mr_cache().release(*registration_);
+}
+
+bool EagerPool::post(std::uint32_t buffer) {
+  ofi::Rail& rail = rails_->data(0);
+  // Any communicator's message: the comm id and the sequence field are ignored.
+  const Status status = rail.tagged_recv(
+      memory_.get() + std::size_t{buffer} * buffer_size_, buffer_size_, registration_->desc(0),
+      encode_tag({TagKind::kEager, 0, 0}), kTagCommAndSeqMask, &slots_[buffer].op);
+  if (status != Status::kOk) {
+    if (status != Status::kRetry) {
+      util::log().warn("eager buffer not posted on {}: {}", rail.describe(), rail.last_error());
+    }
+    return false;
+  }
+  slots_[buffer].posted = true;
+  ++posted_;
+  return true;
+}
+
+void EagerPool::release(std::uint32_t buffer) {
+  if (!post(buffer)) {
+    reposts_.push_back(buffer);
+    return;
+  }
+  sink_->on_eager_released();
+}
+
+std::size_t EagerPool::promise(std::size_t wanted, std::size_t held, std::size_t comms) noexcept {
+  const std::size_t share = std::max(slots_.size() / std::max<std::size_t>(comms, 1), kMinShare);
+  const std::size_t free = posted_ > promised_ ? posted_ - promised_ : 0;
+  const std::size_t room = share > held ? share - held : 0;
+  const std::size_t credits = std::min({wanted, free, room});
+  promised_ += credits;
+  return credits;
+}
+
+void EagerPool::forget(std::size_t credits) {
+  if (credits == 0) return;
+  forgotten_.push_back({credits, std::chrono::steady_clock::now() + promise_timeout_});
+}
+
+void EagerPool::retry() {
+  const std::size_t waiting = reposts_.size();
+  while (!reposts_.empty()) {
+    if (!post(reposts_.back())) break;
+    reposts_.pop_back();
+  }
+  if (reposts_.size() != waiting) sink_->on_eager_released();
+  if (forgotten_.empty()) [[likely]]
+    return;
+  const auto now = std::chrono::steady_clock::now();
+  const std::size_t before = forgotten_.size();
+  std::erase_if(forgotten_, [&](const Forgotten& f) {
+    if (now < f.until) return false;
+    promised_ -= std::min(promised_, f.credits);
+    return true;
+  });
+  if (forgotten_.size() != before) sink_->on_eager_released();
+}
+
+void EagerPool::on_completion(ofi::OpContext& op, const ofi::Completion& completion) {
+  const std::uint32_t buffer = index_of(op);
+  slots_[buffer].posted = false;
+  --posted_;
+  if (completion.status == Status::kCancelled) return;  // closing
+  const bool attached = sink_->on_eager_arrival(EagerArrival{.buffer = buffer,
+                                                             .status = completion.status,
+                                                             .length = completion.length,
+                                                             .overflow = completion.overflow,
+                                                             .tag = decode_tag(completion.tag),
+                                                             .has_data = completion.has_data,
+                                                             .data = completion.data,
+                                                             .error_text = completion.error_text});
+  // A message spent a credit the sender could only have had from this pool: its
+  // communicator's, or one forgotten at a close.
+  if (completion.status != Status::kOk && completion.status != Status::kTruncated) return;
+  if (!attached) {
+    if (forgotten_.empty()) return;
+    if (--forgotten_.front().credits == 0) forgotten_.erase(forgotten_.begin());
+  }
+  if (promised_ != 0) --promised_;
+}
+
+}  // namespace loom::mux
