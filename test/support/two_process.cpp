@@ -83,6 +83,9 @@ namespace {
 // Forks a child that runs `role` on its end of a new socketpair and exits (1 if it threw);
 // returns its pid and the parent's end, or pid -1.
 std::pair<pid_t, int> fork_role(const std::function<void(Channel&)>& role) {
+  // A process whose peer died writes to a channel nobody reads: that must fail its role with
+  // a message (EPIPE), not kill it silently with SIGPIPE.
+  ::signal(SIGPIPE, SIG_IGN);
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return {-1, -1};
   std::fflush(nullptr);
