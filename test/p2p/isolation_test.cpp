@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <span>
 #include <string>
 #include <thread>
@@ -40,6 +41,14 @@ std::uint64_t bytes_written(const Context& context) {
   for (const auto& lane : context.stats().lanes)
     for (const auto& rail : lane.rails) bytes += rail.bytes_written;
   return bytes;
+}
+
+// Both roles in two processes; the test fails with what went wrong on either side.
+void expect_pair(const std::function<void(Channel&)>& parent,
+                 const std::function<void(Channel&)>& child) {
+  const std::string failure = run_pair(parent, child);
+  INFO(failure);
+  REQUIRE(failure.empty());
 }
 
 // A request's end: test() until done, bounded; the status and the error text.
@@ -119,9 +128,7 @@ void idle_sender(Channel& channel) {
 
 TEST_CASE("p2p isolation: a receiver closes under a 64 MiB rendezvous its sender is not driving",
           "[isolation]") {
-  const std::string failure = run_pair(closing_receiver, idle_sender);
-  INFO(failure);
-  REQUIRE(failure.empty());
+  expect_pair(closing_receiver, idle_sender);
 }
 
 // ---- A close right after setup reaches a peer that is busy elsewhere ----
@@ -257,9 +264,7 @@ void closing_sender(Channel& channel) {
 
 TEST_CASE("p2p isolation: receives fail with the peer's close, never a provider error",
           "[isolation]") {
-  const std::string failure = run_pair(waiting_receiver, closing_sender);
-  INFO(failure);
-  REQUIRE(failure.empty());
+  expect_pair(waiting_receiver, closing_sender);
 }
 
 // ---- An empty message whose sender goes quiet ----
@@ -309,9 +314,7 @@ void receiver_of_empty(Channel& channel) {
 
 TEST_CASE("p2p isolation: an empty message arrives although its sender goes quiet",
           "[isolation][empty]") {
-  const std::string failure = run_pair(receiver_of_empty, quiet_sender);
-  INFO(failure);
-  REQUIRE(failure.empty());
+  expect_pair(receiver_of_empty, quiet_sender);
 }
 
 // ---- A region deregistered under a pending send ----
@@ -367,9 +370,7 @@ void deregistering_sender(Channel& channel) {
 
 TEST_CASE("p2p isolation: a region deregistered under a pending send is released after it",
           "[isolation]") {
-  const std::string failure = run_pair(late_receiver, deregistering_sender);
-  INFO(failure);
-  REQUIRE(failure.empty());
+  expect_pair(late_receiver, deregistering_sender);
 }
 
 // ---- A live peer that makes no loom call for three peer timeouts ----
@@ -417,9 +418,7 @@ void idle_side(Channel& channel) {
 
 TEST_CASE("p2p isolation: a live peer idle for three peer timeouts is not taken for dead",
           "[isolation]") {
-  const std::string failure = run_pair(waiting_side, idle_side);
-  INFO(failure);
-  REQUIRE(failure.empty());
+  expect_pair(waiting_side, idle_side);
 }
 
 // ---- The eager limit follows LOOM_PEER_ISOLATION where the provider paces sends ----
