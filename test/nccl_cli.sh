@@ -21,12 +21,12 @@ expect no-symbol 2 "is not an ncclNet plugin: it exports none of ncclNetPlugin_v
 expect no-file 2 "cannot load" "$check" /nonexistent/libnccl-net-none.so
 expect init-fails 2 "init of plugin loom (ncclNet v11): ncclSystemError" \
   env LOOM_PROVIDER=no-such-provider "$check" "$plugin"
-expect peer-dies 1 "case sizes: rank 1 killed by signal 9" \
+expect peer-dies 1 "rank 1 killed by signal 9" \
   "$check" "$plugin" --case sizes --sizes 1m --kill-peer-in sizes --timeout 30
 expect bad-case 2 "no case named" "$check" "$plugin" --case nothing
 # On shm the ranks that end without closing (rank 1 killed, rank 0 failing) leave no regions in
 # /dev/shm: a later process with the same pid would collide with them.
-expect peer-dies-shm 1 "case sizes: rank 1 killed by signal 9" \
+expect peer-dies-shm 1 "rank 1 killed by signal 9" \
   env -u LOOM_NICS FI_PROVIDER=shm LOOM_PROVIDER=shm \
   "$check" "$plugin" --case sizes --sizes 1m --kill-peer-in sizes --timeout 30
 for pid in $(grep -oE '\[pid [0-9]+\]' <<<"$last_out" | grep -oE '[0-9]+'); do
