@@ -20,6 +20,9 @@
 # with LOOM_CUDA_DMABUF=0; and fi_p2p_bw --device cuda. Logs go to $OUT (the device tool brings
 # them back) or .gpu/results. Exit status: the number of failed steps.
 #
+# LOOM_CUDA_IPC's steps run where the build had LIBFABRIC_IPC_SRC: a libfabric checkout whose
+# shm waits for its CUDA IPC copies (its main branch after 2.6.0), staged in .gpu/stage/lib-ipc.
+#
 # Knobs: LIBFABRIC_GIT (default https://github.com/ofiwg/libfabric.git), LIBFABRIC_VERSION (a
 # tag, default v2.6.0), LIBFABRIC_SRC (an existing checkout or release tree: no clone), CUDA_HOME
 # (default /usr/local/cuda), JOBS (default nproc).
@@ -66,21 +69,29 @@ build() {
     fi
     cppflags="-I$gpu/nvml/usr/include"
   fi
+  # SOURCE NAME: configures and installs libfabric from SOURCE into $gpu/NAME.
+  build_libfabric() {
+    local from=$1 name=$2
+    if [ ! -f "$gpu/$name/lib/pkgconfig/libfabric.pc" ]; then
+      (
+        cd "$from"
+        [ -x configure ] || ./autogen.sh >/dev/null
+        mkdir -p "$gpu/$name-build"
+        cd "$gpu/$name-build"
+        "$from/configure" --quiet --prefix="$gpu/$name" --disable-static CPPFLAGS="$cppflags" \
+          --with-cuda="$cuda" --enable-cuda-dlopen \
+          --enable-only --enable-shm --enable-tcp --enable-rxm
+        make --quiet -j"$jobs" install >/dev/null
+      )
+    fi
+    grep -q '^#define HAVE_CUDA 1' "$gpu/$name-build/config.h" ||
+      die "libfabric was configured without CUDA (see $gpu/$name-build/config.log)"
+  }
   local prefix=$gpu/libfabric
-  if [ ! -f "$prefix/lib/pkgconfig/libfabric.pc" ]; then
-    (
-      cd "$src"
-      [ -x configure ] || ./autogen.sh >/dev/null
-      mkdir -p "$gpu/libfabric-build"
-      cd "$gpu/libfabric-build"
-      "$src/configure" --quiet --prefix="$prefix" --disable-static CPPFLAGS="$cppflags" \
-        --with-cuda="$cuda" --enable-cuda-dlopen \
-        --enable-only --enable-shm --enable-tcp --enable-rxm
-      make --quiet -j"$jobs" install >/dev/null
-    )
-  fi
-  grep -q '^#define HAVE_CUDA 1' "$gpu/libfabric-build/config.h" ||
-    die "libfabric was configured without CUDA (see $gpu/libfabric-build/config.log)"
+  build_libfabric "$src" libfabric
+  # A libfabric whose shm waits for its CUDA IPC copies (main after a35dc5085, or a release
+  # with it), for the LOOM_CUDA_IPC steps: same ABI, so loom runs against it unchanged.
+  if [ -n "${LIBFABRIC_IPC_SRC:-}" ]; then build_libfabric "$LIBFABRIC_IPC_SRC" libfabric-ipc; fi
 
   # 2. loom against it. The CUDA driver is dlopen'd at run time: nothing links libcuda.
   local build_dir=$gpu/build
@@ -115,6 +126,11 @@ build() {
       *) [ -e "$stage/lib/$(basename "$library")" ] || cp -L "$library" "$stage/lib/" ;;
     esac
   done
+  if [ -n "${LIBFABRIC_IPC_SRC:-}" ]; then
+    mkdir -p "$stage/lib-ipc"
+    cp -L "$gpu"/libfabric-ipc/lib/libfabric.so.? "$stage/lib-ipc/"
+    strip --strip-debug "$stage"/lib-ipc/*
+  fi
   # Debug sections would make the stage too big to carry (the device tool takes 64 MiB).
   strip --strip-debug "$stage"/bin/* "$stage"/lib/*
   echo "CUDA toolkit $cuda, libfabric $version: $(du -sh "$stage" | cut -f1) staged in $stage"
@@ -155,7 +171,11 @@ run() {
     grep -hE '^(NOT SUPPORTED|refused as expected|[a-z;_]+: registered|# memory)' "$log" | sed 's/^/    /'
   }
   {
-    nvidia-smi -L 2>&1 || echo "nvidia-smi: not available"
+    { nvidia-smi 2>&1 || echo "nvidia-smi: not available"; } | head -12
+    nvidia-smi -L 2>&1
+    echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc); kernel $(uname -r)"
+    echo "# nccl on the image: $(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / { print $NF }' |
+      xargs -r readlink -f | tr '\n' ' ')"
     "$stage/bin/fi_info" --version
     FI_PROVIDER=shm "$stage/bin/fi_info" -p shm -c FI_HMEM -t FI_EP_RDM 2>&1 | head -5
   } >"$results/00-machine.log" 2>&1
@@ -168,12 +188,27 @@ run() {
   step nics-shm pass "${shm[@]}" -- "$bin/test_ofi" '[local]' --warn NoTests
   step gpu-shm pass "${shm[@]}" -- "$bin/test_gpu" '[gpu]' --warn NoTests -s -r compact
   step gpu-tcp pass "${tcp[@]}" -- "$bin/test_gpu" '[gpu]' --warn NoTests -s -r compact
+  # The README's GPU table: device memory with and without the flush's read-back, and host
+  # memory from the same run for comparison.
+  local sizes=l:1,4k,64k,1m,16m
   step bw-shm-cuda pass "${shm[@]}" -- "$bin/fi_p2p_bw" --loopback --device cuda -v \
-    -S l:1,4k,64k,1m,16m -I 50 -w 5 --timeout 120
+    -S $sizes -I 200 -w 20 --timeout 120
   step bw-shm-cuda-noflush pass "${shm[@]}" LOOM_GPU_FLUSH=0 -- "$bin/fi_p2p_bw" --loopback \
-    --device cuda -v -S l:4k,1m -I 50 -w 5 --timeout 120
+    --device cuda -v -S $sizes -I 200 -w 20 --timeout 120
+  step bw-shm-host pass "${shm[@]}" -- "$bin/fi_p2p_bw" --loopback -v -S $sizes -I 200 -w 20 \
+    --timeout 120
   step bw-shm-cuda-2rails pass "${shm[@]}" -- "$bin/fi_p2p_bw" --loopback --device cuda:0 -v \
     --rails 2 -S l:64k,16m -I 50 -w 5 --timeout 120
+  if [ -d "$stage/lib-ipc" ]; then
+    # Device to device over CUDA IPC (LOOM_CUDA_IPC=1), with a libfabric that waits for it.
+    local ipc=(LD_LIBRARY_PATH="$stage/lib-ipc:$LD_LIBRARY_PATH" LOOM_CUDA_IPC=1)
+    step gpu-shm-ipc pass "${shm[@]}" "${ipc[@]}" -- "$bin/test_gpu" '[gpu]' --warn NoTests \
+      -s -r compact
+    step bw-shm-cuda-ipc pass "${shm[@]}" "${ipc[@]}" -- "$bin/fi_p2p_bw" --loopback \
+      --device cuda -v -S $sizes -I 200 -w 20 --timeout 120
+    step bw-shm-cuda-ipc-noflush pass "${shm[@]}" "${ipc[@]}" LOOM_GPU_FLUSH=0 -- \
+      "$bin/fi_p2p_bw" --loopback --device cuda -v -S $sizes -I 200 -w 20 --timeout 120
+  fi
   step bw-tcp-cuda "refuse:has no device-memory support" "${tcp[@]}" -- "$bin/fi_p2p_bw" \
     --loopback --device cuda -S 4k -I 10 --timeout 60
   echo "$((step - failed)) of $step steps ok; logs in $results"

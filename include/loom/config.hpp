@@ -40,6 +40,7 @@ struct Config {
   bool device_memory{};                   // LOOM_DEVICE_MEMORY
   bool gpu_flush{};                       // LOOM_GPU_FLUSH
   bool cuda_dmabuf{};                     // LOOM_CUDA_DMABUF
+  bool cuda_ipc{};                        // LOOM_CUDA_IPC
   std::string topology_xml;               // LOOM_TOPOLOGY_XML
   std::string gpu;                        // LOOM_GPU
 

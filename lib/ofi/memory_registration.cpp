@@ -43,6 +43,7 @@ struct MemoryRegistration::Source {
   util::cuda::Driver* driver;  // null for host memory without a loaded driver
   std::optional<util::cuda::DmabufRange> dmabuf;
   bool dmabuf_failed = false;  // the driver would not export it: by address on every NIC
+  bool device_only = false;    // CUDA memory the host cannot touch (FI_HMEM_DEVICE_ONLY)
 };
 
 FidPtr<fid_mr> MemoryRegistration::register_on(Nic& nic, Source& source, const std::string& where) {
@@ -71,7 +72,7 @@ FidPtr<fid_mr> MemoryRegistration::register_on(Nic& nic, Source& source, const s
       dmabuf = {source.dmabuf->fd.get(), source.dmabuf->offset, source.dmabuf->start};
     }
     fill_mr_arguments(arguments, how, source.base, source.length, source.device, kAccess, key,
-                      &dmabuf);
+                      &dmabuf, source.device_only && attributes.cuda_ipc);
     fid_mr* mr = nullptr;
     const int rc = fi_mr_regattr(nic.domain(), &arguments.attr, arguments.flags, &mr);
     return std::pair{rc, FidPtr<fid_mr>(mr)};
@@ -177,10 +178,12 @@ void MemoryRegistration::check_memory(std::span<const RegistrationTarget> target
     source.driver = util::cuda::Driver::if_loaded();
   }
   if (source.driver != nullptr) {
+    const util::cuda::PointerInfo actual = source.driver->pointer_info(source.base);
     const std::string mismatch =
-        memory_type_mismatch(source.type, source.device, source.driver->pointer_info(source.base),
-                             source.base, source.length);
+        memory_type_mismatch(source.type, source.device, actual, source.base, source.length);
     if (!mismatch.empty()) throw Error("register memory", provider, FI_EINVAL, mismatch);
+    source.device_only = source.type == MemoryType::kCuda &&
+                         actual.kind == util::cuda::PointerKind::kDevice && !actual.managed;
   }
   if (source.type != MemoryType::kCuda) return;
   for (const RegistrationTarget& target : targets) {

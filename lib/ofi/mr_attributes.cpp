@@ -57,7 +57,7 @@ RegistrationPath choose_path(MemoryType type, const DmabufFacts& facts) {
 
 void fill_mr_arguments(MrArguments& arguments, RegistrationPath path, const void* base,
                        std::size_t length, int device, std::uint64_t access,
-                       std::uint64_t requested_key, const DmabufSource* dmabuf) {
+                       std::uint64_t requested_key, const DmabufSource* dmabuf, bool device_only) {
   arguments.iov = iovec{const_cast<void*>(base), length};
   arguments.attr = fi_mr_attr{};
   arguments.attr.mr_iov = &arguments.iov;
@@ -69,6 +69,7 @@ void fill_mr_arguments(MrArguments& arguments, RegistrationPath path, const void
   if (path == RegistrationPath::kHostAddress) return;
   arguments.attr.iface = FI_HMEM_CUDA;
   arguments.attr.device.cuda = device;
+  if (device_only) arguments.flags |= FI_HMEM_DEVICE_ONLY;
   if (path == RegistrationPath::kCudaAddress) return;
 #if LOOM_FI_DMABUF
   if (dmabuf == nullptr || dmabuf->fd < 0) {
@@ -81,7 +82,7 @@ void fill_mr_arguments(MrArguments& arguments, RegistrationPath path, const void
   arguments.dmabuf.len = length;
   arguments.dmabuf.base_addr = const_cast<void*>(dmabuf->start);
   arguments.attr.dmabuf = &arguments.dmabuf;
-  arguments.flags = FI_MR_DMABUF;
+  arguments.flags |= FI_MR_DMABUF;
 #else
   (void)dmabuf;
   throw Error("register memory", "", FI_EOPNOTSUPP,

@@ -69,15 +69,20 @@ struct MrArguments {
   fi_mr_dmabuf dmabuf{};
 #endif
   fi_mr_attr attr{};
-  std::uint64_t flags = 0;  // fi_mr_regattr's flags: FI_MR_DMABUF or 0
+  std::uint64_t flags = 0;  // fi_mr_regattr's flags: FI_MR_DMABUF, FI_HMEM_DEVICE_ONLY
 };
 
 // Fills `arguments` for registering [base, base + length) along `path`. `dmabuf` is required
-// for kCudaDmabuf and ignored otherwise. Throws loom::Error for kCudaDmabuf where the headers
-// cannot describe one (choose_path never picks it there).
+// for kCudaDmabuf and ignored otherwise. `device_only`: CUDA memory the host cannot touch
+// (cuMemAlloc, not managed memory), registered with FI_HMEM_DEVICE_ONLY, without which shm
+// stages every transfer through host bounce buffers instead of copying device to device over
+// CUDA IPC (LOOM_CUDA_IPC; README, "GPU memory"). Throws
+// loom::Error for kCudaDmabuf where the headers cannot describe one (choose_path never picks
+// it there).
 void fill_mr_arguments(MrArguments& arguments, RegistrationPath path, const void* base,
                        std::size_t length, int device, std::uint64_t access,
-                       std::uint64_t requested_key, const DmabufSource* dmabuf = nullptr);
+                       std::uint64_t requested_key, const DmabufSource* dmabuf = nullptr,
+                       bool device_only = false);
 
 // The error when `type` and `device` contradict what the driver says the memory is; empty when
 // they agree or the driver cannot tell. A device pointer registered as host memory is an

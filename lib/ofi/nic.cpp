@@ -81,6 +81,7 @@ NicAttributes describe(const fi_info& info, NicOptions options) {
       .hmem_mr = (mr_mode & FI_MR_HMEM) != 0,
       .device_memory_note = device_memory ? std::string() : std::move(options.device_memory_note),
       .cuda_dmabuf = options.cuda_dmabuf,
+      .cuda_ipc = options.cuda_ipc,
       .api_version = info.fabric_attr->api_version,
   };
 }

@@ -53,6 +53,7 @@ struct NicAttributes {
   bool hmem_mr = false;
   std::string device_memory_note;  // why there is no device memory; empty when there is
   bool cuda_dmabuf = true;         // LOOM_CUDA_DMABUF: try dmabuf registrations where possible
+  bool cuda_ipc = false;           // LOOM_CUDA_IPC: device-only CUDA memory says so
   std::uint32_t api_version = 0;   // the libfabric API version the fabric was opened with
 };
 
@@ -60,6 +61,7 @@ struct NicAttributes {
 struct NicOptions {
   std::string device_memory_note;  // why its fi_info has no FI_HMEM (empty when it has)
   bool cuda_dmabuf = true;         // LOOM_CUDA_DMABUF
+  bool cuda_ipc = false;           // LOOM_CUDA_IPC
 };
 
 class Nic {

@@ -363,7 +363,8 @@ std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
   std::vector<std::unique_ptr<Nic>> nics;
   std::size_t inject_refused = std::numeric_limits<std::size_t>::max();
   for (const fi_info* c : chosen) {
-    NicOptions options{.device_memory_note = {}, .cuda_dmabuf = config.cuda_dmabuf};
+    NicOptions options{
+        .device_memory_note = {}, .cuda_dmabuf = config.cuda_dmabuf, .cuda_ipc = config.cuda_ipc};
     const fi_info* hmem = hmem_entry_for(*c, hmem_owner.get(), config);
     if (!LOOM_HAVE_CUDA) {
       options.device_memory_note = "loom was built without CUDA (meson setup -Dcuda=enabled)";

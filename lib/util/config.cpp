@@ -253,6 +253,12 @@ constexpr Row kTable[] = {
     "register CUDA memory through a dmabuf (cuMemGetHandleForAddressRange, FI_MR_DMABUF) where "
     "libfabric >= 1.20, the driver and the GPU support it; 0 = always by address with "
     "FI_HMEM_CUDA"),
+  flag<&Config::cuda_ipc>("LOOM_CUDA_IPC", "0",
+    "register cuMemAlloc'd memory as device-only (FI_HMEM_DEVICE_ONLY), so that shm (and efa "
+    "to peers on the same host) copies it device to device over CUDA IPC instead of through "
+    "host bounce buffers (one H100, 16 MiB: 2 GB/s -> 1.1 TB/s); off by default because "
+    "libfabric up to 2.6.0 reports such a copy complete before the GPU made it, which corrupts "
+    "data (libfabric issue 11231; fixed on its main branch after 2.6.0)"),
   text<&Config::topology_xml>("LOOM_TOPOLOGY_XML", "",
     "hwloc XML topology to use instead of this machine's"),
   text<&Config::gpu>("LOOM_GPU", "",

@@ -54,6 +54,7 @@ struct Driver::Table {
   decltype(&::cuMemcpyHtoD) memcpy_htod = nullptr;
   decltype(&::cuMemcpyDtoH) memcpy_dtoh = nullptr;
   decltype(&::cuMemsetD8) memset_d8 = nullptr;
+  decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
   // Optional: CUDA 11.7 and later.
   decltype(&::cuMemGetHandleForAddressRange) get_handle_for_address_range = nullptr;
 
@@ -151,6 +152,7 @@ Driver::Driver(const std::string& library) : table_(std::make_unique<Table>()) {
   t.bind(t.memcpy_htod, "cuMemcpyHtoD_v2", true);
   t.bind(t.memcpy_dtoh, "cuMemcpyDtoH_v2", true);
   t.bind(t.memset_d8, "cuMemsetD8_v2", true);
+  t.bind(t.stream_synchronize, "cuStreamSynchronize", true);
   t.bind(t.get_handle_for_address_range, "cuMemGetHandleForAddressRange", false);
 }
 
@@ -220,7 +222,12 @@ PointerInfo Driver::pointer_info(const void* pointer) const noexcept {
       CUDA_SUCCESS) {
     device = -1;
   }
-  return {PointerKind::kDevice, device};
+  unsigned int managed = 0;
+  if (table_->pointer_get_attribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, address) !=
+      CUDA_SUCCESS) {
+    managed = 0;
+  }
+  return {PointerKind::kDevice, device, managed != 0};
 }
 
 DmabufRange Driver::dmabuf_range(const void* base, std::size_t length, int device) const {
@@ -264,8 +271,11 @@ void Driver::copy_to_device(int device, void* target, const void* source,
                             std::size_t length) const {
   table_->in_context(
       device, "copy " + std::to_string(length) + " bytes to CUDA device " + std::to_string(device),
-      "cuMemcpyHtoD",
-      [&] { return table_->memcpy_htod(reinterpret_cast<CUdeviceptr>(target), source, length); });
+      "cuMemcpyHtoD", [&] {
+        const CUresult result =
+            table_->memcpy_htod(reinterpret_cast<CUdeviceptr>(target), source, length);
+        return result != CUDA_SUCCESS ? result : table_->stream_synchronize(nullptr);
+      });
 }
 
 void Driver::copy_to_host(int device, void* target, const void* source, std::size_t length) const {
@@ -279,8 +289,11 @@ void Driver::copy_to_host(int device, void* target, const void* source, std::siz
 void Driver::fill(int device, void* target, std::uint8_t value, std::size_t length) const {
   table_->in_context(
       device, "fill " + std::to_string(length) + " bytes on CUDA device " + std::to_string(device),
-      "cuMemsetD8",
-      [&] { return table_->memset_d8(reinterpret_cast<CUdeviceptr>(target), value, length); });
+      "cuMemsetD8", [&] {
+        const CUresult result =
+            table_->memset_d8(reinterpret_cast<CUdeviceptr>(target), value, length);
+        return result != CUDA_SUCCESS ? result : table_->stream_synchronize(nullptr);
+      });
 }
 
 namespace {

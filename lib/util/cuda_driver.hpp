@@ -28,7 +28,8 @@ enum class PointerKind : std::uint8_t {
 
 struct PointerInfo {
   PointerKind kind = PointerKind::kUnknown;
-  int device = -1;  // the device ordinal of device memory
+  int device = -1;       // the device ordinal of device memory
+  bool managed = false;  // device memory the host may touch too (cuMemAllocManaged)
 };
 
 // An open dmabuf file descriptor; closed with its owner.
@@ -109,6 +110,9 @@ class Driver {
 
   // ---- memory (loom::CudaBuffer), in the device's primary context, pushed and popped around
   // each call so the calling thread's current context is left as it was. Throw loom::Error.
+  // copy_to_device and fill return once the bytes are in device memory: cuMemcpyHtoD from
+  // pageable memory returns once they are staged and cuMemsetD8 once it is queued, and another
+  // process (shm over CUDA IPC) or a NIC reading the memory next is ordered by nothing else.
   [[nodiscard]] void* allocate(int device, std::size_t size);
   void free(int device, void* pointer) noexcept;
   void copy_to_device(int device, void* target, const void* source, std::size_t length) const;

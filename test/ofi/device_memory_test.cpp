@@ -161,6 +161,17 @@ TEST_CASE("device memory: fi_mr_attr for host, CUDA by address and CUDA by dmabu
   CHECK(cuda.attr.mr_iov == &cuda.iov);
   CHECK(cuda.iov.iov_base == base);
 
+  // cuMemAlloc'd memory says so: shm copies it device to device (CUDA IPC) only then.
+  ofi::MrArguments device_only;
+  ofi::fill_mr_arguments(device_only, RegistrationPath::kCudaAddress, base, 4000, 3, kAccess, 0,
+                         nullptr, true);
+  CHECK(device_only.attr.iface == FI_HMEM_CUDA);
+  CHECK(device_only.flags == FI_HMEM_DEVICE_ONLY);
+  ofi::MrArguments host_only_flag;
+  ofi::fill_mr_arguments(host_only_flag, RegistrationPath::kHostAddress, base, 4000, 3, kAccess, 0,
+                         nullptr, true);
+  CHECK(host_only_flag.flags == 0);  // never for host memory
+
   const ofi::DmabufSource source{.fd = 42, .offset = 100, .start = memory.data()};
   ofi::MrArguments dmabuf;
 #if LOOM_FI_DMABUF
@@ -173,6 +184,10 @@ TEST_CASE("device memory: fi_mr_attr for host, CUDA by address and CUDA by dmabu
   CHECK(dmabuf.dmabuf.offset == 100);
   CHECK(dmabuf.dmabuf.len == 4000);
   CHECK(dmabuf.dmabuf.base_addr == memory.data());
+  ofi::MrArguments dmabuf_device_only;
+  ofi::fill_mr_arguments(dmabuf_device_only, RegistrationPath::kCudaDmabuf, base, 4000, 3, kAccess,
+                         0, &source, true);
+  CHECK(dmabuf_device_only.flags == (FI_MR_DMABUF | FI_HMEM_DEVICE_ONLY));
   CHECK_THROWS_WITH(ofi::fill_mr_arguments(dmabuf, RegistrationPath::kCudaDmabuf, base, 4000, 3,
                                            kAccess, 0, nullptr),
                     Catch::Contains("without a dmabuf"));
