@@ -2,11 +2,14 @@
 // requests with NULL-request retries, a message larger than its receive buffer.
 #include "ncclnet_cases.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cinttypes>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <thread>
 
 namespace ncclnet {
@@ -179,60 +182,115 @@ void sizes_case(Plugin& plugin, Rank& rank, const Options& options) {
   close_links(plugin, links);
 }
 
-// irecv of n = 2..8 buffers against n isends carrying the buffers' tags, sizes mixing eager
-// and rendezvous messages, each buffer larger than its message.
+// The order a grouped receive's sends come in: which buffer's message each send carries.
+// Distinct tags: in order, reversed, shuffled; equal tags (two values over the group): the
+// k-th send of a tag fills that tag's k-th buffer, as NCCL's IB transport matches them.
+enum class SendOrder { kInOrder, kReversed, kShuffled, kEqualTags };
+constexpr std::array<SendOrder, 4> kSendOrders = {SendOrder::kInOrder, SendOrder::kReversed,
+                                                  SendOrder::kShuffled, SendOrder::kEqualTags};
+const char* order_name(SendOrder order) {
+  switch (order) {
+    case SendOrder::kInOrder:
+      return "in order";
+    case SendOrder::kReversed:
+      return "reversed";
+    case SendOrder::kShuffled:
+      return "shuffled";
+    case SendOrder::kEqualTags:
+      return "equal tags, shuffled";
+  }
+  return "?";
+}
+
+int group_tag(SendOrder order, int n, int i) {
+  return order == SendOrder::kEqualTags ? 1000 * n + (i * 5 / 3) % 2 : 1000 * n + 7 * i;
+}
+
+// The buffer each send fills: a shuffle of the buffers for distinct tags; for equal tags, the
+// first free buffer with the send's tag, for sends whose tags come in a shuffled order.
+std::vector<int> send_plan(SendOrder order, int n) {
+  std::vector<int> buffers(static_cast<std::size_t>(n));
+  std::iota(buffers.begin(), buffers.end(), 0);
+  std::mt19937 rng(static_cast<unsigned>(77 * n));
+  if (order == SendOrder::kReversed) std::reverse(buffers.begin(), buffers.end());
+  if (order == SendOrder::kInOrder || order == SendOrder::kReversed) return buffers;
+  std::shuffle(buffers.begin(), buffers.end(), rng);
+  if (order == SendOrder::kShuffled) return buffers;
+  std::vector<bool> taken(static_cast<std::size_t>(n));
+  std::vector<int> plan;
+  for (int shuffled : buffers) {
+    const int tag = group_tag(order, n, shuffled);
+    int i = 0;
+    while (taken[static_cast<std::size_t>(i)] || group_tag(order, n, i) != tag) ++i;
+    taken[static_cast<std::size_t>(i)] = true;
+    plan.push_back(i);
+  }
+  return plan;
+}
+
+// irecv of n = 2..8 buffers against n isends carrying the buffers' tags, posted in every order
+// class (send_plan), sizes mixing eager and rendezvous messages, each buffer larger than its
+// message: every message in the buffer its tag names.
 void grouped_case(Plugin& plugin, Rank& rank, const Options& options) {
   const int peer = 1 - rank.rank();
   auto links = establish(plugin, rank, options.dev, peer, peer);
   ProgressThread progress;
   constexpr std::array<std::size_t, 8> kSizes = {1, 4096, 70000, 0, 300000, 17, 65536, 1 << 20};
   for (int n = 2; n <= 8; ++n) {
-    std::vector<std::unique_ptr<Buffer>> buffers;
-    for (int i = 0; i < n; ++i)
-      buffers.push_back(std::make_unique<Buffer>(plugin,
-                                                 rank.rank() == 0 ? links[0].send : links[0].recv,
-                                                 kSizes[static_cast<std::size_t>(i)] + kCanary));
-    auto seed = [&](int i) { return static_cast<std::uint32_t>(100 * n + i); };
-    auto tag = [&](int i) { return 1000 * n + 7 * i; };
-    if (rank.rank() == 0) {
-      progress.run([&] {
-        std::vector<void*> requests;
+    for (SendOrder order : kSendOrders) {
+      std::vector<std::unique_ptr<Buffer>> buffers;
+      for (int i = 0; i < n; ++i)
+        buffers.push_back(std::make_unique<Buffer>(plugin,
+                                                   rank.rank() == 0 ? links[0].send : links[0].recv,
+                                                   kSizes[static_cast<std::size_t>(i)] + kCanary));
+      const int round = n * 8 + static_cast<int>(order);
+      auto seed = [&](int i) { return static_cast<std::uint32_t>(100 * round + i); };
+      auto tag = [&](int i) { return group_tag(order, n, i); };
+      const std::string what =
+          "grouped irecv n=" + std::to_string(n) + ", sends " + order_name(order);
+      if (rank.rank() == 0) {
+        progress.run([&] {
+          std::vector<void*> requests;
+          for (int i : send_plan(order, n)) {
+            fill(buffers[i]->data(), kSizes[i], seed(i));
+            requests.push_back(post_send(plugin, links[0].send, buffers[i]->data(), kSizes[i],
+                                         tag(i), buffers[i]->mhandle(), rank));
+          }
+          for (auto* r : requests) wait_done(plugin, r, nullptr, what + ": isend", rank);
+        });
+      } else {
+        std::array<int, 8> got{};
+        progress.run([&] {
+          std::array<void*, 8> data{}, mhs{};
+          std::array<std::size_t, 8> capacity{};
+          std::array<int, 8> tags{};
+          for (int i = 0; i < n; ++i) {
+            std::memset(buffers[i]->data(), kCanaryByte, buffers[i]->size());
+            data[i] = buffers[i]->data();
+            capacity[i] = buffers[i]->size();
+            tags[i] = tag(i);
+            mhs[i] = buffers[i]->mhandle();
+          }
+          void* request = post_recv(plugin, links[0].recv, n, data.data(), capacity.data(),
+                                    tags.data(), mhs.data(), rank);
+          wait_done(plugin, request, got.data(), what, rank);
+        });
         for (int i = 0; i < n; ++i) {
-          fill(buffers[i]->data(), kSizes[i], seed(i));
-          requests.push_back(post_send(plugin, links[0].send, buffers[i]->data(), kSizes[i], tag(i),
-                                       buffers[i]->mhandle(), rank));
+          const std::string where =
+              what + ": buffer " + std::to_string(i) + " (tag " + std::to_string(tag(i)) + ")";
+          if (got[i] != static_cast<int>(kSizes[i]))
+            throw CheckError(where + ": size " + std::to_string(got[i]) + ", sent " +
+                             std::to_string(kSizes[i]));
+          verify(buffers[i]->data(), kSizes[i], seed(i), where);
+          check_canary(buffers[i]->data() + kSizes[i], kCanary, where);
         }
-        for (auto* r : requests) wait_done(plugin, r, nullptr, "grouped isend", rank);
-      });
-    } else {
-      std::array<int, 8> got{};
-      progress.run([&] {
-        std::array<void*, 8> data{}, mhs{};
-        std::array<std::size_t, 8> capacity{};
-        std::array<int, 8> tags{};
-        for (int i = 0; i < n; ++i) {
-          std::memset(buffers[i]->data(), kCanaryByte, buffers[i]->size());
-          data[i] = buffers[i]->data();
-          capacity[i] = buffers[i]->size();
-          tags[i] = tag(i);
-          mhs[i] = buffers[i]->mhandle();
-        }
-        void* request = post_recv(plugin, links[0].recv, n, data.data(), capacity.data(),
-                                  tags.data(), mhs.data(), rank);
-        wait_done(plugin, request, got.data(), "grouped irecv of " + std::to_string(n), rank);
-      });
-      for (int i = 0; i < n; ++i) {
-        const std::string what =
-            "grouped irecv n=" + std::to_string(n) + " buffer " + std::to_string(i);
-        if (got[i] != static_cast<int>(kSizes[i]))
-          throw CheckError(what + ": size " + std::to_string(got[i]) + ", sent " +
-                           std::to_string(kSizes[i]));
-        verify(buffers[i]->data(), kSizes[i], seed(i), what);
-        check_canary(buffers[i]->data() + kSizes[i], kCanary, what);
       }
-      if (!options.quiet)
-        std::printf("  irecv n=%d: %d messages with their tags, sizes and bytes checked\n", n, n);
     }
+    if (!options.quiet && rank.rank() == 1)
+      std::printf(
+          "  irecv n=%d: sends in order, reversed, shuffled and with equal tags; sizes "
+          "and bytes checked\n",
+          n);
   }
   rank.barrier();
   close_links(plugin, links);
@@ -354,7 +412,8 @@ std::vector<Case> single_comm_cases() {
   return {
       {"sizes", 2, "sizes 0..64 MiB+3 into larger buffers, every byte and size checked",
        sizes_case},
-      {"grouped", 2, "irecv of n = 2..8 buffers against n tagged isends", grouped_case},
+      {"grouped", 2, "irecv of n = 2..8 buffers against n tagged isends in any order",
+       grouped_case},
       {"window", 2, "32 requests in flight, then a burst to the NULL-request limit", window_case},
       {"truncation", 2, "a message larger than its receive buffer is an error", truncation_case},
   };

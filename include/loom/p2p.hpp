@@ -157,7 +157,9 @@ class SendComm final : public Communicator {
 class RecvComm final : public Communicator {
  public:
   RecvComm(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
-  // Posts 1..kMaxRecvBuffers buffers for the next messages, in order.
+  // Posts 1..kMaxRecvBuffers buffers for the next as many messages: each message goes into the
+  // buffer of this call whose tag is its own, whatever order they were sent in (equal tags
+  // fill their buffers in send order); one whose tag no free buffer has fails on both sides.
   Status irecv(std::span<const RecvBuffer> buffers, Request*& request);
   // Makes data received into `buffers` visible to the device (GPUDirect RDMA): a small read
   // of a device buffer through each data rail. Sets `request` to nullptr when there is nothing

@@ -12,11 +12,11 @@ using CommId = std::uint16_t;
 
 inline constexpr unsigned kCommIdBits = 16;
 inline constexpr unsigned kTagKindBits = 4;
-// The sequence field: the message's low kTagSeqBits sequence bits and, above them, one bit
-// saying the message carries a control message for another lane after its payload (see
-// mux/carried_control.hpp).
-inline constexpr unsigned kTagSeqBits = 23;
-inline constexpr unsigned kTagSeqFieldBits = kTagSeqBits + 1;
+// The sequence field: the low kTagSeqBits of a sequence number and, above them, one bit saying
+// the message carries a control message for another lane after its payload (see
+// mux/carried_control.hpp) and one saying which sequence it names (DataTag::placed).
+inline constexpr unsigned kTagSeqBits = 22;
+inline constexpr unsigned kTagSeqFieldBits = kTagSeqBits + 2;
 inline constexpr unsigned kUsableTagBits = 48;
 static_assert(kTagKindBits + kCommIdBits + kTagSeqFieldBits <= kUsableTagBits);
 
@@ -27,8 +27,12 @@ enum class TagKind : std::uint8_t {
 struct DataTag {
   TagKind kind;
   CommId comm;
-  std::uint32_t seq;             // low kTagSeqBits of the message sequence number
+  std::uint32_t seq;             // low kTagSeqBits of a sequence number (see `placed`)
   bool carries_control = false;  // a carried control message follows the payload
+  // The sender matched the message to a buffer it announced: `seq` names that buffer. Else the
+  // message went ahead of any announcement and `seq` is its own number; a grouped receive
+  // places it by tag (p2p/group.hpp).
+  bool placed = false;
 };
 
 inline constexpr std::uint32_t kTagSeqMask = (1u << kTagSeqBits) - 1;
@@ -41,6 +45,7 @@ inline constexpr std::uint64_t kTagCommAndSeqMask =
 constexpr std::uint64_t encode_tag(DataTag t) {
   return (std::uint64_t{static_cast<std::uint8_t>(t.kind)} << (kCommIdBits + kTagSeqFieldBits)) |
          (std::uint64_t{t.comm} << kTagSeqFieldBits) |
+         (std::uint64_t{t.placed} << (kTagSeqBits + 1)) |
          (std::uint64_t{t.carries_control} << kTagSeqBits) | (t.seq & kTagSeqMask);
 }
 
@@ -48,7 +53,7 @@ constexpr DataTag decode_tag(std::uint64_t tag) {
   return DataTag{
       static_cast<TagKind>((tag >> (kCommIdBits + kTagSeqFieldBits)) & ((1u << kTagKindBits) - 1)),
       static_cast<CommId>(tag >> kTagSeqFieldBits), static_cast<std::uint32_t>(tag & kTagSeqMask),
-      ((tag >> kTagSeqBits) & 1u) != 0};
+      ((tag >> kTagSeqBits) & 1u) != 0, ((tag >> (kTagSeqBits + 1)) & 1u) != 0};
 }
 
 // Remote CQ data of a rendezvous stripe: comm id | sequence | fills | stripe count. `fills`
@@ -85,9 +90,15 @@ constexpr WriteImmediate decode_immediate(std::uint32_t data) {
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0x2BCDEF})).comm == 0xBEEF);
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0x2BCDEF})).seq == 0x2BCDEF);
 static_assert(!decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xFFFFFFFF})).carries_control);
+static_assert(!decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xFFFFFFFF, true})).placed);
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0x3FFFFF, false, true})).placed);
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0x3FFFFF, false, true})).seq ==
+              0x3FFFFF);
+static_assert(!decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0, false, true})).carries_control);
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0, true})).carries_control);
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xFFFF, 0, true})).kind == TagKind::kEager);
-static_assert(encode_tag({TagKind::kEager, 0xFFFF, 0xFFFFFFFF, true}) < (1ull << kUsableTagBits));
+static_assert(encode_tag({TagKind::kEager, 0xFFFF, 0xFFFFFFFF, true, true}) <
+              (1ull << kUsableTagBits));
 static_assert(decode_immediate(encode_immediate({0x1234, 0xFFF, false, 8})).stripes == 8);
 static_assert(decode_immediate(encode_immediate({0x1234, 0xABC, true, 1})).seq == 0xABC);
 static_assert(decode_immediate(encode_immediate({0x1234, 0xABC, true, 1})).fills);

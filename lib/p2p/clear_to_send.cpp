@@ -5,6 +5,8 @@
 // credit, to learn the verdict the receiver reached. A refused message never carries payload
 // except one sent ahead, which the receiver drops.
 #include <algorithm>
+#include <array>
+#include <cassert>
 #include <cstring>
 
 #include "ofi/memory_registration.hpp"
@@ -58,6 +60,11 @@ void RecvCommImpl::announce(Request& r) {
     batch_limit_ = max_cts_entries(data_rails_);
     batched_.reserve(batch_limit_);
   }
+  // A group in one batch: its sender matches none of its messages before it knows them all.
+  if (batch_.count != 0 && batch_.count + r.part_count > batch_limit_ &&
+      r.parts[0].recv == RecvState::kToAnnounce) {
+    send_control_batch();
+  }
   for (std::size_t i = 0; i < r.part_count; ++i) {
     Part& part = r.parts[i];
     if (part.recv != RecvState::kToAnnounce) continue;
@@ -71,6 +78,8 @@ void RecvCommImpl::announce(Request& r) {
     entry.size = part.size;
     entry.tag = part.tag;
     entry.refused = part.status != Status::kOk;
+    entry.group_index = static_cast<std::uint8_t>(i);
+    entry.group_size = r.part_count;
     entry.address = 0;
     if (part.registration != nullptr) {
       entry.address = part.registration->remote_address(part.data);
@@ -80,12 +89,15 @@ void RecvCommImpl::announce(Request& r) {
                                                   .size = part.size,
                                                   .tag = part.tag,
                                                   .refused = entry.refused,
-                                                  .valid = true};
+                                                  .valid = true,
+                                                  .group_index = entry.group_index,
+                                                  .group_size = entry.group_size};
     part.to(RecvState::kAnnounced);
     batched_.push_back({&r, static_cast<std::uint8_t>(i)});
     defer();
-    if (!held_.empty()) deliver_held(r, part);
+    if (!held_.empty() && r.part_count == 1) deliver_held(r, part);
   }
+  if (!held_.empty() && r.part_count > 1) place_ahead(r);
 }
 
 // Sends the batch as a control message of its own: entries at once, since a sender may be
@@ -97,7 +109,18 @@ void RecvCommImpl::send_control_batch() {
   if (closed_ || peer_gone()) {
     for (const PartRef& ref : batched_) {
       Part& part = ref.request->parts[ref.part];
-      if (part.recv == RecvState::kArrived) fail_part(*ref.request, part, part.status);
+      if (part.recv != RecvState::kArrived) continue;
+      if (part.peer_seq != part.seq) {
+        // A message that came ahead into a grouped receive's buffer other than its own
+        // number's, and the sender never learned where: reported delivered by neither end.
+        part.status = Status::kCancelled;
+        ref.request->fail(Status::kCancelled,
+                          "irecv: the communicator closed before the sender heard where message " +
+                              std::to_string(part.peer_seq) + " went");
+        unsettled_ahead_.push_back(part.seq);
+        unsettled_ahead_.push_back(part.peer_seq);
+      }
+      fail_part(*ref.request, part, part.status);
     }
     batch_.count = 0;
     batched_.clear();
@@ -186,6 +209,10 @@ void RecvCommImpl::batch_left(Status status) {
 // with that sequence number. Credits that were lost stay lost: the sender writes instead.
 void RecvCommImpl::repeat_clearances(std::uint32_t from) {
   if (batch_limit_ == 0) return;  // nothing announced yet
+  // From the first buffer of its group: the sender matches no message of a group it does not
+  // know whole.
+  const Announced& oldest = announced_[from % kSeqWindow];
+  if (oldest.valid && oldest.seq == from) from -= oldest.group_index;
   std::size_t repeated = 0;
   for (std::uint32_t seq = from; seq_before(seq, next_seq_) && seq - from < kSeqWindow; ++seq) {
     const Announced& a = announced_[seq % kSeqWindow];
@@ -193,7 +220,12 @@ void RecvCommImpl::repeat_clearances(std::uint32_t from) {
     if (batch_.count == batch_limit_) send_control_batch();
     if (batch_.count == batch_limit_) return;  // back-pressure: the next ping asks again
     CtsEntry& entry = batch_.entries[batch_.count++];
-    entry = CtsEntry{.seq = seq, .size = a.size, .tag = a.tag, .refused = a.refused};
+    entry = CtsEntry{.seq = seq,
+                     .size = a.size,
+                     .tag = a.tag,
+                     .refused = a.refused,
+                     .group_index = a.group_index,
+                     .group_size = a.group_size};
     const PartRef& ref = by_seq_[seq % kSeqWindow];
     if (ref.request != nullptr && ref.request->in_use && ref.part < ref.request->part_count) {
       const Part& part = ref.request->parts[ref.part];
@@ -212,6 +244,8 @@ void RecvCommImpl::repeat_clearances(std::uint32_t from) {
 
 // ---- sender ----
 
+// Each buffer's announcement is kept by its sequence number; a message is matched once every
+// buffer of its group is announced (p2p/group.hpp), in sequence order within the group.
 void SendCommImpl::on_clear_to_send(std::span<const std::byte> body) {
   const CtsReader cts(body);
   const char* why = cts.error();
@@ -227,29 +261,80 @@ void SendCommImpl::on_clear_to_send(std::span<const std::byte> body) {
   for (std::size_t i = 0; i < cts.count(); ++i) {
     const CtsEntryView entry = cts.entry(i);
     const std::size_t slot = entry.seq % kSeqWindow;
-    clearances_[slot] = Clearance{.valid = true,
-                                  .seq = entry.seq,
-                                  .buffer = {entry.size, entry.tag, entry.refused},
-                                  .address = entry.address};
+    Clearance& clearance = clearances_[slot];
+    // Announced again (repeat_clearances): what we know of it, and whether it is taken, stands.
+    if (clearance.announced && clearance.seq == entry.seq) continue;
+    clearance = Clearance{.announced = true,
+                          .group_index = entry.group_index,
+                          .group_size = entry.group_size,
+                          .seq = entry.seq,
+                          .buffer = {entry.size, entry.tag, entry.refused},
+                          .address = entry.address};
     // The keys of every rail our lane has (data_rails_ never exceeds it): the message can
     // arrive before our own handshake finished (data_rails_ still 0) when the receiver posts
     // right after accepting.
     std::memcpy(&keys_[slot * key_stride_], entry.keys,
                 8 * std::min(key_stride_, cts.data_rails()));
-    Request* r = waiting_[slot];
-    if (r == nullptr || !r->in_use || r->kind != RequestKind::kSend ||
-        r->parts[0].seq != entry.seq) {
-      continue;
+  }
+  for (std::size_t i = 0; i < cts.count(); ++i) settle_group(cts.entry(i).seq);
+  // Matched messages no longer hold back later ones that may go ahead; new credits let them.
+  send_ahead_waiting();
+}
+
+bool SendCommImpl::group_known(std::uint32_t seq) const noexcept {
+  const Clearance& own = clearances_[seq % kSeqWindow];
+  if (!own.announced || own.seq != seq) return false;
+  const std::uint32_t first = seq - own.group_index;
+  for (std::uint32_t k = 0; k < own.group_size; ++k) {
+    const Clearance& buffer = clearances_[(first + k) % kSeqWindow];
+    if (!buffer.announced || buffer.seq != first + k) return false;
+  }
+  return true;
+}
+
+// The group's messages posted so far that wait for it, placed and matched in sequence order:
+// the ones that went ahead first (they are its first messages), as the receiver placed them.
+void SendCommImpl::settle_group(std::uint32_t seq) {
+  if (!group_known(seq)) return;
+  const Clearance& own = clearances_[seq % kSeqWindow];
+  const std::uint32_t first = seq - own.group_index;
+  for (std::uint32_t message = first; message != first + own.group_size; ++message) {
+    if (!seq_before(message, next_seq_)) return;  // not posted yet
+    Request* r = waiting_[message % kSeqWindow];
+    if (r == nullptr || !r->in_use || r->kind != RequestKind::kSend || r->parts[0].seq != message) {
+      continue;  // finished, so placed already
     }
     if (r->parts[0].send == SendState::kAwaitingClearance) {
+      place(*r);
       match(*r);
       advance(*r);
     } else if (r->parts[0].send == SendState::kSentAhead) {
-      clearances_[slot].valid = false;
-      settle_sent_ahead(*r, clearances_[slot]);
+      place(*r);
+      settle_sent_ahead(*r);
     }
   }
-  if (cts.credits() != 0) send_ahead_waiting();
+}
+
+// The buffer of its group the message goes into (p2p/group.hpp): its own sequence number's for
+// a receive of one buffer.
+void SendCommImpl::place(Request& r) {
+  Part& part = r.parts[0];
+  const Clearance& own = clearances_[part.seq % kSeqWindow];
+  const std::uint32_t first = part.seq - own.group_index;
+  std::array<Tag, kMaxParts> tags{};
+  GroupTaken taken = 0;
+  for (std::size_t k = 0; k < own.group_size; ++k) {
+    const Clearance& buffer = clearances_[(first + k) % kSeqWindow];
+    tags[k] = buffer.buffer.tag;
+    if (buffer.taken) taken |= static_cast<GroupTaken>(1u << k);
+  }
+  std::size_t k = place_in_group(tags.data(), own.group_size, taken, part.tag);
+  // A group has a buffer for each of its messages, placed once each: one is always free.
+  assert(k < own.group_size);
+  if (k >= own.group_size) k = own.group_index;
+  clearances_[(first + k) % kSeqWindow].taken = true;
+  part.peer_seq = first + static_cast<std::uint32_t>(k);
+  if (!seq_before(part.peer_seq, placed_end_)) placed_end_ = part.peer_seq + 1;
 }
 
 bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {
@@ -270,8 +355,7 @@ bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {
 // a credit when there is one, else by write: never onto a receive that is not posted.
 void SendCommImpl::match(Request& r) {
   Part& part = r.parts[0];
-  Clearance& clearance = clearances_[part.seq % kSeqWindow];
-  clearance.valid = false;
+  const Clearance& clearance = clearances_[part.peer_seq % kSeqWindow];
   const Verdict verdict = judge(clearance.buffer, part.size, part.tag);
   if (verdict != Verdict::kFits) [[unlikely]] {
     r.fail(status_of(verdict),

@@ -178,9 +178,18 @@ CloseNotice SendCommImpl::close_notice(CloseReason reason) {
         break;
     }
     if (reason == CloseReason::kLost) left = terminal(part.send);
-    if (!left) unfinished.push_back(part.seq);
+    if (!left) unfinished.push_back(part.peer_seq);
   }
-  CloseNotice notice = notice_for(next_seq_, unfinished);
+  // The notice speaks of the receiver's buffers: a grouped receive's buffer that no message took
+  // yet is unfinished, and a message placed beyond our next sequence number counts.
+  const std::uint32_t next = seq_before(next_seq_, placed_end_) ? placed_end_ : next_seq_;
+  for (const Clearance& clearance : clearances_) {
+    if (clearance.announced && !clearance.taken && seq_before(clearance.seq, next) &&
+        next - clearance.seq <= kSeqWindow) {
+      unfinished.push_back(clearance.seq);
+    }
+  }
+  CloseNotice notice = notice_for(next, unfinished);
   notice.writes_posted = writes_posted_;
   notice.reason = reason;
   return notice;
@@ -200,8 +209,11 @@ void SendCommImpl::fail_unfinished(const CloseNotice& notice, Status status,
   for (Request& r : requests_.built()) {
     Part& part = r.parts[0];
     if (!r.in_use || r.kind != RequestKind::kSend || terminal(part.send)) continue;
-    // Arrived over there: its own completions finish it, with their outcome.
-    if (notice.finished(part.seq) && r.status == Status::kOk) continue;
+    // Arrived over there: its own completions finish it, with their outcome. The notice names
+    // buffers: a message not placed in one never left; one sent ahead and not placed yet names
+    // its own number, as the receiver's notice does for a grouped receive's buffer it took.
+    const bool left = part.send != SendState::kAwaitingClearance;
+    if (left && notice.finished(part.peer_seq) && r.status == Status::kOk) continue;
     r.fail(status, "isend: " + why + " (message " + std::to_string(part.seq) + ")");
     part.status = r.status;
     part.to(SendState::kFailed);  // finished() still waits for writes in flight
@@ -244,6 +256,7 @@ CloseNotice RecvCommImpl::close_notice(CloseReason reason) {
       told_of_unfinished = told_of_unfinished || told;
     }
   }
+  unfinished.insert(unfinished.end(), unsettled_ahead_.begin(), unsettled_ahead_.end());
   CloseNotice notice = notice_for(next_seq_, unfinished);
   notice.awaits_writes = told_of_unfinished;
   notice.reason = reason;
@@ -277,8 +290,12 @@ void RecvCommImpl::fail_unfinished(const CloseNotice& notice, Status status,
     if (!r.in_use || r.kind != RequestKind::kRecv) continue;
     for (std::size_t i = 0; i < r.part_count; ++i) {
       Part& part = r.parts[i];
-      // The sender handed the message over whole: it is on its way.
-      if (terminal(part.recv) || notice.finished(part.seq)) continue;
+      // The sender handed the message over whole: it is on its way. One that came ahead into a
+      // grouped receive goes by its own number until the sender placed it (p2p/group.hpp).
+      if (terminal(part.recv) || notice.finished(part.seq) ||
+          (part.peer_seq != part.seq && notice.finished(part.peer_seq))) {
+        continue;
+      }
       r.fail(status, "irecv: " + why + " (message " + std::to_string(part.seq) + ")");
       fail_part(r, part, status);
     }

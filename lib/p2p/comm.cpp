@@ -262,6 +262,8 @@ Request* Comm::allocate(RequestKind kind) {
   r.stripes = r.stripes_posted = r.stripes_done = 0;
   r.written = r.bodies = r.bodies_done = 0;
   r.ready_to_send = ReadyToSendState::kNotNeeded;
+  r.placed_ahead = 0;
+  r.taken_ahead = 0;
   r.error.clear();
   return &r;
 }

@@ -15,6 +15,8 @@
 // An injected eager message may also carry a clear-to-send batch one of our receiving
 // communicators owes the same peer context (mux/carried_control.hpp; fill_carrier here, the
 // receiving end in on_eager).
+#include <array>
+#include <cassert>
 #include <cstring>
 
 #include "mux/carried_control.hpp"
@@ -53,8 +55,9 @@ void SendCommImpl::post_eager(Request& r) {
   ofi::Rail& data_rail = lane_->rails().data(0);
   const bool inject = injects(part);
   const std::size_t carrier = inject ? fill_carrier(part) : 0;
-  const std::uint64_t wire_tag =
-      mux::encode_tag({mux::TagKind::kEager, peer_id_, part.seq, carrier != 0});
+  // Sent ahead, it names itself and the receiver places it; matched, the buffer it was placed in.
+  const std::uint64_t wire_tag = mux::encode_tag(
+      {mux::TagKind::kEager, peer_id_, ahead ? part.seq : part.peer_seq, carrier != 0, !ahead});
   Status status;
   if (carrier != 0) {
     status = data_rail.tagged_inject(peer_data_[0], carrier_.data(), carrier, wire_tag, part.tag);
@@ -128,15 +131,17 @@ std::size_t SendCommImpl::fill_carrier(const Part& part) {
   return end + mux::kCarrierTrailerBytes;
 }
 
-// New credits: the messages waiting for one go, oldest first.
+// New credits: the messages waiting for one go, oldest first, and only in sequence order: one
+// that must wait for its announcement (too large for a credit) holds back those after it, so
+// that the messages of a group that went ahead are its first ones (p2p/group.hpp).
 void SendCommImpl::send_ahead_waiting() {
   for (; seq_before(ahead_next_, next_seq_) && credits_ != 0; ++ahead_next_) {
     Request* r = waiting_[ahead_next_ % kSeqWindow];
     if (r == nullptr || !r->in_use || r->kind != RequestKind::kSend ||
-        r->parts[0].seq != ahead_next_ || r->parts[0].send != SendState::kAwaitingClearance ||
-        !eager_fits(r->parts[0])) {
+        r->parts[0].seq != ahead_next_ || r->parts[0].send != SendState::kAwaitingClearance) {
       continue;
     }
+    if (!eager_fits(r->parts[0])) return;
     post_eager(*r);
     if (r->parts[0].send == SendState::kAwaitingClearance) return;  // pushed back: retried
   }
@@ -156,9 +161,11 @@ void SendCommImpl::collect_clearance(Request& r) {
   if (r.parts[0].send == SendState::kSentAhead) lane_->progress();
 }
 
-// The clearance of a message sent ahead: the receiver judged it with these facts too.
-void SendCommImpl::settle_sent_ahead(Request& r, const Clearance& clearance) {
+// The clearance of a message sent ahead, once placed: the receiver placed and judged it the
+// same way.
+void SendCommImpl::settle_sent_ahead(Request& r) {
   Part& part = r.parts[0];
+  const Clearance& clearance = clearances_[part.peer_seq % kSeqWindow];
   const Verdict verdict = judge(clearance.buffer, part.size, part.tag);
   if (verdict == Verdict::kFits && r.status == Status::kOk) {
     part.delivered = part.size;
@@ -253,7 +260,15 @@ void RecvCommImpl::on_eager(const mux::EagerArrival& arrival) {
                   .seq = full_seq(arrival.tag.seq),
                   .length = static_cast<std::uint32_t>(length),
                   .has_tag = arrival.has_data,
-                  .tag = static_cast<Tag>(arrival.data)};
+                  .tag = static_cast<Tag>(arrival.data),
+                  .placed = arrival.tag.placed};
+  if (!held.placed) {
+    if (Request* group = group_of(held.seq)) {
+      held_.push_back(held);
+      place_ahead(*group);
+      return;
+    }
+  }
   Request* r = nullptr;
   std::size_t i = 0;
   Part* part = waiting_part(held.seq, ~0u, &r, &i);
@@ -291,11 +306,56 @@ void RecvCommImpl::on_eager(const mux::EagerArrival& arrival) {
 void RecvCommImpl::deliver_held(Request& r, Part& part) {
   for (std::size_t k = 0; k < held_.size(); ++k) {
     if (held_[k].seq != part.seq) continue;
+    assert(r.part_count == 1 || held_[k].placed);
     const Held held = held_[k];
     held_[k] = held_.back();
     held_.pop_back();
     deliver(r, part, held);
     return;
+  }
+}
+
+Request* RecvCommImpl::group_of(std::uint32_t message) const noexcept {
+  const PartRef& ref = by_seq_[message % kSeqWindow];
+  Request* r = ref.request;
+  if (r == nullptr || !r->in_use || r->kind != RequestKind::kRecv || r->part_count < 2 ||
+      ref.part >= r->part_count || r->parts[ref.part].seq != message) {
+    return nullptr;
+  }
+  return r;
+}
+
+// The messages that came ahead into a grouped receive are its first ones (p2p/group.hpp):
+// placed in sequence order as they arrive, each by tag, the way the sender places them once it
+// learns the group. A message waits in held_ for those before it, and for its buffer's
+// announcement.
+void RecvCommImpl::place_ahead(Request& r) {
+  const std::uint32_t first = r.parts[0].seq;
+  std::array<Tag, kMaxParts> tags{};
+  for (std::size_t i = 0; i < r.part_count; ++i) tags[i] = r.parts[i].tag;
+  while (r.placed_ahead < r.part_count) {
+    const std::uint32_t message = first + r.placed_ahead;
+    std::size_t k = 0;
+    while (k < held_.size() && (held_[k].placed || held_[k].seq != message)) ++k;
+    if (k == held_.size()) return;  // not here yet
+    const Held held = held_[k];
+    const Tag tag = held.has_tag ? held.tag : ~r.parts[0].tag;
+    const std::size_t index = place_in_group(tags.data(), r.part_count, r.taken_ahead, tag);
+    assert(index < r.part_count);  // the group's first messages take at most all its buffers
+    Part& part = r.parts[index];
+    if (part.recv == RecvState::kAwaitingPost || part.recv == RecvState::kToAnnounce) return;
+    held_[k] = held_.back();
+    held_.pop_back();
+    r.taken_ahead |= static_cast<GroupTaken>(1u << index);
+    ++r.placed_ahead;
+    part.peer_seq = message;
+    if (part.recv == RecvState::kAnnounced || part.recv == RecvState::kCleared) {
+      deliver(r, part, held);
+    } else {
+      // Failed before it came (its refusal was announced): the message is dropped.
+      pool_->release(held.buffer);
+      promise_credits();
+    }
   }
 }
 

@@ -22,6 +22,17 @@ static_assert(close_notice_bytes(kCloseWindow) <= mux::kMaxControlBody);
 // A clear-to-send entry's flags byte, after seq, size and tag.
 constexpr std::size_t kCtsFlagOffset = 4 + 8 + 4;
 constexpr std::uint8_t kCtsRefused = 2;  // bit 0 was "an eager receive waits" (version 5)
+// Bits 2-4: the buffer's index in its irecv's group; bits 5-7: the group's size - 1 (version 10).
+constexpr unsigned kCtsGroupIndexShift = 2;
+constexpr unsigned kCtsGroupSizeShift = 5;
+constexpr std::uint8_t kCtsGroupFieldMask = 7;
+static_assert(kMaxParts - 1 <= kCtsGroupFieldMask);
+
+constexpr std::uint8_t cts_flags(const CtsEntry& e) {
+  return static_cast<std::uint8_t>(
+      (e.refused ? kCtsRefused : 0) | (e.group_index << kCtsGroupIndexShift) |
+      (static_cast<std::uint8_t>(e.group_size - 1) << kCtsGroupSizeShift));
+}
 
 // An empty message's ready-to-send names no writes; any other's 1 to kMaxStripes (a refused
 // message's, which has none written, says 1).
@@ -290,6 +301,10 @@ std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
       (m.credits != 0 && m.eager_size == 0) || m.eager_size > kMaxEagerBuffer) {
     return 0;
   }
+  for (std::size_t i = 0; i < m.count; ++i) {
+    const CtsEntry& e = m.entries[i];
+    if (e.group_size == 0 || e.group_size > kMaxParts || e.group_index >= e.group_size) return 0;
+  }
   const std::size_t length = cts_bytes(m.count, m.data_rails);
   if (length > out.size()) return 0;
   std::byte* at = out.data();
@@ -302,7 +317,7 @@ std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
     at = put_field<std::uint32_t>(at, e.seq);
     at = put_field<std::uint64_t>(at, e.size);
     at = put_field<std::uint32_t>(at, e.tag);
-    at = put_field<std::uint8_t>(at, e.refused ? kCtsRefused : 0);
+    at = put_field<std::uint8_t>(at, cts_flags(e));
     at = put_field<std::uint64_t>(at, e.address);
     std::memcpy(at, e.keys.data(), 8 * m.data_rails);
     at += 8 * m.data_rails;
@@ -331,7 +346,10 @@ CtsReader::CtsReader(std::span<const std::byte> body) noexcept : body_(body) {
     for (std::size_t i = 0; i < count_ && error_ == nullptr; ++i) {
       const auto flags =
           std::to_integer<std::uint8_t>(body[kCtsHeaderBytes + i * stride + kCtsFlagOffset]);
-      if ((flags & ~kCtsRefused) != 0) error_ = "clear-to-send: unknown flags";
+      if ((flags & 1u) != 0) error_ = "clear-to-send: unknown flags";
+      const unsigned index = (flags >> kCtsGroupIndexShift) & kCtsGroupFieldMask;
+      const unsigned size = ((flags >> kCtsGroupSizeShift) & kCtsGroupFieldMask) + 1u;
+      if (index >= size) error_ = "clear-to-send: group index beyond the group";
     }
   }
 }
@@ -344,7 +362,11 @@ CtsEntryView CtsReader::entry(std::size_t i) const noexcept {
   view.seq = get_field<std::uint32_t>(at);
   view.size = get_field<std::uint64_t>(at + 4);
   view.tag = get_field<std::uint32_t>(at + 12);
-  view.refused = (get_field<std::uint8_t>(at + kCtsFlagOffset) & kCtsRefused) != 0;
+  const auto flags = get_field<std::uint8_t>(at + kCtsFlagOffset);
+  view.refused = (flags & kCtsRefused) != 0;
+  view.group_index = static_cast<std::uint8_t>((flags >> kCtsGroupIndexShift) & kCtsGroupFieldMask);
+  view.group_size =
+      static_cast<std::uint8_t>(((flags >> kCtsGroupSizeShift) & kCtsGroupFieldMask) + 1u);
   view.address = get_field<std::uint64_t>(at + kCtsFlagOffset + 1);
   view.keys = at + kCtsEntryFixedBytes;
   return view;
@@ -364,6 +386,8 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
     e.size = view.size;
     e.tag = view.tag;
     e.refused = view.refused;
+    e.group_index = view.group_index;
+    e.group_size = view.group_size;
     e.address = view.address;
     std::memcpy(e.keys.data(), view.keys, 8 * reader.data_rails());
   }

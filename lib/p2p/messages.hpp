@@ -115,6 +115,9 @@ struct CtsEntry {
   // The receive failed on the receiver before anything arrived: nothing may be sent into the
   // buffer, which is back with the receiver's application.
   bool refused = false;
+  // The buffer is buffer group_index of an irecv of group_size (p2p/group.hpp).
+  std::uint8_t group_index = 0;
+  std::uint8_t group_size = 1;
   std::uint64_t address = 0;  // for rendezvous writes, per MemoryRegistration::remote_address
   std::array<std::uint64_t, kMaxDataRails> keys{};
 };
@@ -149,6 +152,8 @@ struct CtsEntryView {
   std::uint64_t size = 0;
   std::uint32_t tag = 0;
   bool refused = false;
+  std::uint8_t group_index = 0;
+  std::uint8_t group_size = 1;
   std::uint64_t address = 0;
   const std::byte* keys = nullptr;  // data_rails() little-endian u64 values
 };

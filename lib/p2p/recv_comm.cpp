@@ -50,7 +50,8 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
                        .size = buffers[i].size,
                        .tag = buffers[i].tag,
                        .registration = registrations[i],
-                       .seq = seq};
+                       .seq = seq,
+                       .peer_seq = seq};
     if (registrations[i] != nullptr) hold_region(r->parts[i], buffers[i].region);
     by_seq_[seq % kSeqWindow] = PartRef{r, static_cast<std::uint8_t>(i)};
   }

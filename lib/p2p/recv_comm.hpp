@@ -58,10 +58,14 @@ class RecvCommImpl final : public Comm {
     std::uint32_t length = 0;
     bool has_tag = false;  // the message carried CQ data (its tag)
     Tag tag = 0;
+    bool placed = false;  // `seq` names the buffer the sender placed it in (mux::DataTag)
   };
   void on_eager(const mux::EagerArrival& arrival) override;
   void promise_credits();
   void deliver_held(Request& request, Part& part);
+  // The grouped receive a message that came ahead with sequence number `message` belongs to.
+  [[nodiscard]] Request* group_of(std::uint32_t message) const noexcept;
+  void place_ahead(Request& request);
   void deliver(Request& request, Part& part, const Held& held);
   [[nodiscard]] std::uint32_t full_seq(std::uint32_t low) const noexcept;
   // rendezvous.cpp
@@ -91,8 +95,13 @@ class RecvCommImpl final : public Comm {
     std::uint32_t tag = 0;
     bool refused = false;
     bool valid = false;
+    std::uint8_t group_index = 0;
+    std::uint8_t group_size = 1;
   };
   std::vector<Announced> announced_;
+  // Closing before the sender heard where a grouped receive placed messages that came ahead:
+  // both numbers of each such buffer, unfinished in our close notice (send_control_batch).
+  std::vector<std::uint32_t> unsettled_ahead_;
   // Sending ahead: the lane's eager pool (its buffers are eager_size_ bytes), the credits the
   // sender may hold at most (LOOM_EAGER_CREDITS), those it holds, those promised by the pool
   // for the next batch, and the messages held for their irecvs.

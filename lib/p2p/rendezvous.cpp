@@ -35,7 +35,7 @@ void SendCommImpl::queue_ready_to_send(Request& r) {
   }
   const Part& part = r.parts[0];
   batch_.entries[batch_.count++] =
-      RtsEntry{.seq = part.seq, .size = part.size, .tag = part.tag, .stripes = r.stripes};
+      RtsEntry{.seq = part.peer_seq, .size = part.size, .tag = part.tag, .stripes = r.stripes};
   batched_.push_back(&r);
   r.ready_to_send = ReadyToSendState::kBatched;
   defer();
@@ -80,11 +80,11 @@ void SendCommImpl::send_control_batch() {
 void SendCommImpl::post_stripes(Request& r) {
   if (r.stripes == 0) return;  // an empty message: its ready-to-send says all
   Part& part = r.parts[0];
-  const Clearance& clearance = clearances_[part.seq % kSeqWindow];
-  const std::uint64_t* keys = &keys_[(part.seq % kSeqWindow) * key_stride_];
+  const Clearance& clearance = clearances_[part.peer_seq % kSeqWindow];
+  const std::uint64_t* keys = &keys_[(part.peer_seq % kSeqWindow) * key_stride_];
   const bool fills = r.ready_to_send == ReadyToSendState::kNotNeeded;
   const std::uint32_t immediate = mux::encode_immediate(
-      {peer_id_, static_cast<std::uint16_t>(part.seq & mux::kImmSeqMask), fills, r.stripes});
+      {peer_id_, static_cast<std::uint16_t>(part.peer_seq & mux::kImmSeqMask), fills, r.stripes});
   const std::size_t base = part.size / r.stripes;
   const bool host = part.registration->type() == MemoryType::kHost;
   for (std::size_t i = 0; i < r.stripes; ++i) {

@@ -14,6 +14,7 @@
 #include "loom/error.hpp"
 #include "loom/p2p.hpp"
 #include "ofi/completion.hpp"
+#include "p2p/group.hpp"
 #include "p2p/messages.hpp"
 #include "p2p/part_state.hpp"
 
@@ -54,6 +55,10 @@ struct Part {
   std::uint32_t region = 0;  // with `registration`: the communicator's slot it came from
   const ofi::MemoryRegistration* registration = nullptr;
   std::uint32_t seq = 0;
+  // The sequence number the peer knows this part's other end by (p2p/group.hpp). Sends: the
+  // receiver's buffer the message was placed into; its own seq until then. Receives: the
+  // message that came ahead into this buffer; the buffer's own seq otherwise.
+  std::uint32_t peer_seq = 0;
   std::size_t delivered = 0;
   Status status = Status::kOk;
   SendState send = SendState::kAwaitingClearance;  // sends
@@ -92,6 +97,10 @@ struct Request final : ofi::CompletionHandler {
   std::uint8_t bodies = 0;
   std::uint8_t bodies_done = 0;
   ReadyToSendState ready_to_send = ReadyToSendState::kNotNeeded;
+  // Grouped receives (p2p/group.hpp): how many of the group's messages that came ahead were
+  // placed, and the buffers they took.
+  std::uint8_t placed_ahead = 0;
+  GroupTaken taken_ahead = 0;
   std::array<Part, kMaxParts> parts;
   std::array<ofi::OpContext, kMaxOps> ops;
   std::string error;  // why status is not kOk (allocates only on errors)

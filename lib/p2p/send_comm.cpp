@@ -58,11 +58,12 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
                      .size = size,
                      .tag = tag,
                      .registration = registration,
-                     .seq = seq};
+                     .seq = seq,
+                     .peer_seq = seq};
   if (registration != nullptr) hold_region(r->parts[0], region);
   waiting_[seq % kSeqWindow] = r;
-  const Clearance& clearance = clearances_[seq % kSeqWindow];
-  if (clearance.valid && clearance.seq == seq) {
+  if (group_known(seq)) {
+    place(*r);
     match(*r);
   } else {
     send_ahead_waiting();  // this one too, on a credit, unless older ones wait for credits

@@ -27,7 +27,10 @@ class SendCommImpl final : public Comm {
  private:
   // What the receiver announced about the buffer posted for one sequence number.
   struct Clearance {
-    bool valid = false;
+    bool announced = false;
+    bool taken = false;  // a message was placed into the buffer (p2p/group.hpp)
+    std::uint8_t group_index = 0;
+    std::uint8_t group_size = 1;
     std::uint32_t seq = 0;
     BufferFacts buffer;
     std::uint64_t address = 0;
@@ -41,6 +44,10 @@ class SendCommImpl final : public Comm {
 
   // clear_to_send.cpp
   void on_clear_to_send(std::span<const std::byte> body);
+  // Whether every buffer of the group the buffer announced for `seq` belongs to is announced.
+  [[nodiscard]] bool group_known(std::uint32_t seq) const noexcept;
+  void settle_group(std::uint32_t seq);
+  void place(Request& request);
   void match(Request& request);
   bool awaiting_clearance(std::uint32_t& oldest) const noexcept override;
   // eager.cpp
@@ -50,7 +57,7 @@ class SendCommImpl final : public Comm {
   std::size_t fill_carrier(const Part& part);
   void send_ahead_waiting();
   void collect_clearance(Request& request);
-  void settle_sent_ahead(Request& request, const Clearance& clearance);
+  void settle_sent_ahead(Request& request);
   // rendezvous.cpp
   void queue_ready_to_send(Request& request);
   void send_control_batch() override;  // the ready-to-sends
@@ -66,6 +73,7 @@ class SendCommImpl final : public Comm {
   void send_writes_posted() override;
 
   std::uint32_t next_seq_ = 0;
+  std::uint32_t placed_end_ = 0;  // one past the highest buffer a message was placed in
   std::uint32_t ahead_next_ = 0;  // the oldest message that may be waiting for a credit
   std::size_t credits_ = 0;       // eager buffers the receiver has posted for us
   std::size_t eager_size_ = 0;    // their size (0 until the first grant)

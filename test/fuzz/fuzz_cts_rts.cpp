@@ -13,7 +13,7 @@ using loom::fuzz::ByteSource;
 
 bool same_entry(const CtsEntry& a, const CtsEntry& b, std::size_t rails) {
   return a.seq == b.seq && a.size == b.size && a.tag == b.tag && a.refused == b.refused &&
-         a.address == b.address &&
+         a.group_index == b.group_index && a.group_size == b.group_size && a.address == b.address &&
          std::equal(a.keys.begin(), a.keys.begin() + rails, b.keys.begin());
 }
 
@@ -29,9 +29,12 @@ bool same_cts(const ClearToSend& a, const ClearToSend& b) {
   return true;
 }
 bool cts_fits(const ClearToSend& m) {
-  return m.data_rails >= 1 && m.data_rails <= kMaxDataRails && (m.count >= 1 || m.credits >= 1) &&
-         m.count <= max_cts_entries(m.data_rails) && (m.credits == 0 || m.eager_size != 0) &&
-         m.eager_size <= kMaxEagerBuffer;
+  const bool fits = m.data_rails >= 1 && m.data_rails <= kMaxDataRails &&
+                    (m.count >= 1 || m.credits >= 1) && m.count <= max_cts_entries(m.data_rails) &&
+                    (m.credits == 0 || m.eager_size != 0) && m.eager_size <= kMaxEagerBuffer;
+  return fits && std::all_of(m.entries.begin(), m.entries.begin() + m.count, [](const CtsEntry& e) {
+           return e.group_size >= 1 && e.group_size <= kMaxParts && e.group_index < e.group_size;
+         });
 }
 
 bool same_rts(const ReadyToSend& a, const ReadyToSend& b) {
@@ -71,6 +74,8 @@ ClearToSend make_cts(ByteSource& s) {
     e.tag = s.take<std::uint32_t>();
     const std::uint8_t flags = s.u8();
     e.refused = (flags & 2) != 0;
+    e.group_index = static_cast<std::uint8_t>((flags >> 2) & 7);
+    e.group_size = static_cast<std::uint8_t>(s.u8() % (kMaxParts + 2));
     e.address = s.take<std::uint64_t>();
     for (std::size_t k = 0; k < std::min<std::size_t>(m.data_rails, kMaxDataRails); ++k) {
       e.keys[k] = s.take<std::uint64_t>();

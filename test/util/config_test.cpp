@@ -50,7 +50,7 @@ TEST_CASE("config: every variable sets a field", "[util]") {
       {"LOOM_TOPOLOGY_XML", "/x.xml"},   {"LOOM_GPU", "0000:13:00.0"},
       {"LOOM_DEVICE_MEMORY", "0"},       {"LOOM_GPU_FLUSH", "0"},
       {"LOOM_CUDA_DMABUF", "0"},         {"LOOM_CARRY_CONTROL", "0"},
-      {"LOOM_PEER_ISOLATION", "0"},
+      {"LOOM_PEER_ISOLATION", "0"},      {"LOOM_CUDA_IPC", "1"},
   };
   const Config defaults;
   for (const auto& var : config_variables()) {
