@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cinttypes>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -406,6 +408,57 @@ void truncation_case(Plugin& plugin, Rank& rank, const Options& options) {
   close_links(plugin, links);
 }
 
+// How long the idle-peer case keeps a rank away from the plugin: 3 x LOOM_PEER_TIMEOUT_MS where
+// it is set (loom's peer timeout), else 3 s.
+std::chrono::milliseconds idle_time() {
+  const char* timeout = std::getenv("LOOM_PEER_TIMEOUT_MS");
+  const long ms = timeout != nullptr ? std::strtol(timeout, nullptr, 10) : 0;
+  return std::chrono::milliseconds(ms > 0 ? 3 * ms : 3000);
+}
+
+// A rank whose NCCL calls nothing on a connection for a while (an idle rank of a job) is not a
+// dead peer: each side in turn posts a 1 MiB message and waits while the other calls nothing of
+// the plugin for idle_time(); both requests must complete, every byte checked.
+void idle_peer_case(Plugin& plugin, Rank& rank, const Options& options) {
+  const int peer = 1 - rank.rank();
+  auto links = establish(plugin, rank, options.dev, peer, peer);
+  ProgressThread progress;
+  constexpr std::size_t kSize = 1 << 20;
+  const bool sender = rank.rank() == 0;
+  const auto idle = idle_time();
+  for (int idler = 0; idler < 2; ++idler) {
+    const std::string what = std::string(idler == 0 ? "the sender" : "the receiver") + " idle " +
+                             std::to_string(idle.count()) + " ms";
+    Buffer buffer(plugin, sender ? links[0].send : links[0].recv, kSize);
+    const auto seed = static_cast<std::uint32_t>(600 + idler);
+    if (sender) fill(buffer.data(), kSize, seed);
+    if (!sender) std::memset(buffer.data(), kCanaryByte, kSize);
+    if (rank.rank() == idler) std::this_thread::sleep_for(idle);  // nothing of the plugin
+    int got = -1;
+    progress.run([&] {
+      void* data = buffer.data();
+      void* mh = buffer.mhandle();
+      if (sender) {
+        void* request = post_send(plugin, links[0].send, data, kSize, 5, mh, rank);
+        wait_done(plugin, request, nullptr, what + ": isend", rank);
+      } else {
+        std::size_t capacity = kSize;
+        int tag = 5;
+        void* request = post_recv(plugin, links[0].recv, 1, &data, &capacity, &tag, &mh, rank);
+        wait_done(plugin, request, &got, what + ": irecv", rank);
+      }
+    });
+    if (!sender) {
+      if (got != static_cast<int>(kSize))
+        throw CheckError(what + ": size " + std::to_string(got) + " reported");
+      verify(buffer.data(), kSize, seed, what);
+      if (!options.quiet) std::printf("  %s: the other side's request completed\n", what.c_str());
+    }
+    rank.barrier();
+  }
+  close_links(plugin, links);
+}
+
 }  // namespace
 
 std::vector<Case> single_comm_cases() {
@@ -414,6 +467,8 @@ std::vector<Case> single_comm_cases() {
        sizes_case},
       {"grouped", 2, "irecv of n = 2..8 buffers against n tagged isends in any order",
        grouped_case},
+      {"idle-peer", 2, "each side waits while the other calls nothing for 3 x the peer timeout",
+       idle_peer_case},
       {"window", 2, "32 requests in flight, then a burst to the NULL-request limit", window_case},
       {"truncation", 2, "a message larger than its receive buffer is an error", truncation_case},
   };

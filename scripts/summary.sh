@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints the one line CI looks for, "N passed, N failed, N skipped", from a `meson test` log
-# (summed over every `meson test` summary in it: scripts/test.sh runs two builds' suites).
+# (summed over every `meson test` summary in it: scripts/test.sh runs three builds' suites).
 # A test that exits 77 is "Skipped" to meson (GPU tests without a GPU, root-only tests).
 # Usage: scripts/summary.sh LOG EXIT-STATUS-OF-MESON-TEST
 set -euo pipefail

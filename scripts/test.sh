@@ -5,8 +5,11 @@
 # Then, where the CUDA toolkit is installed (/usr/local/cuda, or CUDA_HOME), the -Dcuda=enabled
 # variant: no sanitizer, only the layers whose code differs with CUDA (util, ofi) and their
 # tests, which need no GPU (40-55 s from scratch on 2 cores); CUDA_BUILD=0 skips it, and
-# so do extra arguments. Ends with one line "N passed, N failed, N skipped" over both;
-# exits non-zero on any failure.
+# so do extra arguments. Then the NCCL plugin's suite in the project's default build type
+# (plain `meson setup`: debugoptimized, no sanitizer), where the plugin's users build it and
+# where the dlclose cycles once behaved otherwise than under ASan (~2 min on 2 cores);
+# DEFAULT_BUILD=0 skips it, and so do extra arguments. Ends with one line
+# "N passed, N failed, N skipped" over all; exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -56,6 +59,28 @@ else
   set -e
   echo "test.sh: the -Dcuda=enabled variant took $((SECONDS - cuda_start)) s"
   [ "$cuda_status" -eq 0 ] || status=$cuda_status
+fi
+
+# The plugin in the default build type: only what its suite runs is built.
+if [ "${DEFAULT_BUILD:-1}" = 0 ] || [ $# -gt 0 ]; then
+  echo "test.sh: the default-build plugin suite is skipped (DEFAULT_BUILD=0 or a selection of tests)"
+else
+  default_start=$SECONDS
+  default_build=${DEFAULT_BUILD_DIR:-$build-default}
+  set +e
+  {
+    if [ ! -d "$default_build/meson-private" ]; then
+      meson setup "$default_build" -Dtests=enabled -Dfuzz=disabled >/dev/null
+    fi &&
+      ninja -C "$default_build" lib/nccl/libnccl-net-loom.so bench/ncclnet_check \
+        libloom.so.0.1.0 providers/epmr/libepmr-fi.so &&
+      meson test -C "$default_build" --no-rebuild --print-errorlogs --num-processes "$(nproc)" \
+        --suite nccl
+  } 2>&1 | tee -a "$log"
+  default_status=${PIPESTATUS[0]}
+  set -e
+  echo "test.sh: the default-build plugin suite took $((SECONDS - default_start)) s"
+  [ "$default_status" -eq 0 ] || status=$default_status
 fi
 
 scripts/summary.sh "$log" "$status"

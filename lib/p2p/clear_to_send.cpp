@@ -284,6 +284,8 @@ void SendCommImpl::on_clear_to_send(std::span<const std::byte> body) {
 bool SendCommImpl::group_known(std::uint32_t seq) const noexcept {
   const Clearance& own = clearances_[seq % kSeqWindow];
   if (!own.announced || own.seq != seq) return false;
+  if (own.group_size == 1) [[likely]]
+    return true;
   const std::uint32_t first = seq - own.group_index;
   for (std::uint32_t k = 0; k < own.group_size; ++k) {
     const Clearance& buffer = clearances_[(first + k) % kSeqWindow];
@@ -319,7 +321,13 @@ void SendCommImpl::settle_group(std::uint32_t seq) {
 // a receive of one buffer.
 void SendCommImpl::place(Request& r) {
   Part& part = r.parts[0];
-  const Clearance& own = clearances_[part.seq % kSeqWindow];
+  Clearance& own = clearances_[part.seq % kSeqWindow];
+  if (own.group_size == 1) [[likely]] {
+    own.taken = true;
+    part.peer_seq = part.seq;
+    if (!seq_before(part.seq, placed_end_)) placed_end_ = part.seq + 1;
+    return;
+  }
   const std::uint32_t first = part.seq - own.group_index;
   std::array<Tag, kMaxParts> tags{};
   GroupTaken taken = 0;
