@@ -325,7 +325,6 @@ void SendCommImpl::place(Request& r) {
   if (own.group_size == 1) [[likely]] {
     own.taken = true;
     part.peer_seq = part.seq;
-    if (!seq_before(part.seq, placed_end_)) placed_end_ = part.seq + 1;
     return;
   }
   const std::uint32_t first = part.seq - own.group_index;
@@ -342,7 +341,6 @@ void SendCommImpl::place(Request& r) {
   if (k >= own.group_size) k = own.group_index;
   clearances_[(first + k) % kSeqWindow].taken = true;
   part.peer_seq = first + static_cast<std::uint32_t>(k);
-  if (!seq_before(part.peer_seq, placed_end_)) placed_end_ = part.peer_seq + 1;
 }
 
 bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {

@@ -182,7 +182,13 @@ CloseNotice SendCommImpl::close_notice(CloseReason reason) {
   }
   // The notice speaks of the receiver's buffers: a grouped receive's buffer that no message took
   // yet is unfinished, and a message placed beyond our next sequence number counts.
-  const std::uint32_t next = seq_before(next_seq_, placed_end_) ? placed_end_ : next_seq_;
+  std::uint32_t next = next_seq_;
+  for (const Clearance& clearance : clearances_) {
+    const std::uint32_t ahead = clearance.seq - next_seq_;  // a group's later buffers
+    if (clearance.taken && ahead < kMaxParts && !seq_before(clearance.seq, next)) {
+      next = clearance.seq + 1;
+    }
+  }
   for (const Clearance& clearance : clearances_) {
     if (clearance.announced && !clearance.taken && seq_before(clearance.seq, next) &&
         next - clearance.seq <= kSeqWindow) {

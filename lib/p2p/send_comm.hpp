@@ -73,7 +73,6 @@ class SendCommImpl final : public Comm {
   void send_writes_posted() override;
 
   std::uint32_t next_seq_ = 0;
-  std::uint32_t placed_end_ = 0;  // one past the highest buffer a message was placed in
   std::uint32_t ahead_next_ = 0;  // the oldest message that may be waiting for a credit
   std::size_t credits_ = 0;       // eager buffers the receiver has posted for us
   std::size_t eager_size_ = 0;    // their size (0 until the first grant)
