@@ -2,7 +2,7 @@
 // host (loopback NICs only); the hub sets up N communicators each way with peer 1, 2, ... in
 // turn, sends and checks one message on each, and at each checkpoint of --peers prints its
 // lanes, endpoints, RSS and setup time.
-//   fi_p2p_hub [--peers 1,2,4,8,16,32] [--comms-per-peer N] [-S SIZE] [--groups m]
+//   fi_p2p_hub [--peers 1,2,4,8,16,32] [--comms-per-peer N] [-S SIZE] [--eager N] [--groups m]
 //              [--timeout S] [--json FILE] [-q]
 // The hub forks every peer before it makes its loom::Context; handles travel on a socketpair
 // per peer.
@@ -61,6 +61,8 @@ bool parse(int argc, char** argv, HubOptions& o) {
   app.add_option("--comms-per-peer", o.comms, "send comms and receive comms per peer (default 1)")
       ->check(CLI::Range(1u, kMaxCommsPerPeer));
   app.add_option("-S,--size", size, "bytes of each message, k/m/g suffixes (default 1m)");
+  app.add_option("--eager", o.eager,
+                 "small messages (8 B-16 KiB) each way on each comm before the -S one (default 0)");
   app.add_option("--groups", o.groups, "lanes per direction, shared by all peers (0: one per comm)")
       ->check(CLI::Range(0, 256));
   app.add_option("--timeout", o.timeout_s, "seconds for the whole run (default 120)")
@@ -248,8 +250,8 @@ PeerFigures Hub::add_peer(unsigned peer) {
     f.rss_setup_kib = resident_kib();
     const auto transfer_start = Clock::now();
     at("transfer");
-    exchange(links_.back(), peer, Direction::kToPeer, options_.size, send_buffer_, recv_buffer_,
-             watch);
+    exchange_traffic(links_.back(), peer, Direction::kToPeer, options_, send_buffer_, recv_buffer_,
+                     watch);
     at("waiting for the peer's ok");
     if (!reported) {
       auto [kind, body] = receive_message(oob);

@@ -277,6 +277,16 @@ void exchange(HubLink& link, unsigned peer, Direction out, std::size_t size,
   }
 }
 
+void exchange_traffic(HubLink& link, unsigned peer, Direction out, const HubOptions& options,
+                      HugePageBuffer& send_buffer, HugePageBuffer& recv_buffer,
+                      const Watch& watch) {
+  for (unsigned k = 0; k < options.eager; ++k) {
+    const std::size_t size = std::min(options.size, std::size_t{8} << (k % 12));
+    exchange(link, peer, out, size, send_buffer, recv_buffer, watch);
+  }
+  exchange(link, peer, out, options.size, send_buffer, recv_buffer, watch);
+}
+
 int run_peer(const HubOptions& options, const Config& config, unsigned peer, Oob& oob,
              std::chrono::steady_clock::time_point deadline) {
   std::string step = "context";
@@ -301,7 +311,7 @@ int run_peer(const HubOptions& options, const Config& config, unsigned peer, Oob
     step = "transfer";
     send_buffer.assign(options.comms * options.size, std::byte{0});
     recv_buffer.assign(options.comms * options.size, std::byte{0});
-    exchange(link, peer, Direction::kToHub, options.size, send_buffer, recv_buffer, watch);
+    exchange_traffic(link, peer, Direction::kToHub, options, send_buffer, recv_buffer, watch);
     send_message(oob, HubMessage::kOk);
     step = "waiting for finish";
     if (receive_message(oob).first != HubMessage::kFinish) {

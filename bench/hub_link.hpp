@@ -24,6 +24,7 @@ struct HubOptions {
   std::vector<unsigned> checkpoints;  // --peers, ascending; the run forks the last
   unsigned comms = 1;                 // --comms-per-peer: send comms and receive comms each
   std::size_t size = 1u << 20;        // -S
+  unsigned eager = 0;                 // --eager: small messages each way per comm before -S's
   int groups = -1;                    // --groups (-1: LOOM_NGROUPS)
   unsigned timeout_s = 120;           // --timeout: the whole run
   std::string json;                   // --json
@@ -83,6 +84,11 @@ enum class Direction : std::uint8_t { kToPeer = 0, kToHub = 1 };
 // only. Throws std::runtime_error naming the comm and what went wrong.
 void exchange(HubLink& link, unsigned peer, Direction out, std::size_t size,
               HugePageBuffer& send_buffer, HugePageBuffer& recv_buffer, const Watch& watch);
+
+// `options.eager` rounds of exchange() with small messages (8 B, 16 B, ... 16 KiB, again from
+// 8 B; at most -S bytes), then one of options.size: the traffic of a peer, both ends alike.
+void exchange_traffic(HubLink& link, unsigned peer, Direction out, const HubOptions& options,
+                      HugePageBuffer& send_buffer, HugePageBuffer& recv_buffer, const Watch& watch);
 
 // Peer `peer` (1-based), in a child forked before any loom::Context: listens, sends its handle,
 // takes the hub's, opens its link and exchanges, reports, waits for finish, closes. Returns

@@ -181,6 +181,11 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
 
   [[nodiscard]] LaneStats stats() const noexcept;
 
+  // Where a communicator builds a message carrying control (p2p eager.cpp), under the lane's
+  // mutex: the inject that sends it copies it, so one buffer serves the lane's communicators
+  // rather than one per peer.
+  [[nodiscard]] std::vector<std::byte>& carrier_buffer() noexcept { return carrier_buffer_; }
+
   // The receive lane's eager buffers, opened by its first communicator that sends ahead: up to
   // `wanted` of `buffer_size` bytes (the same for every communicator of the lane), leaving a
   // quarter of data rail 0's receive queue free of them (see the README's Protocols section).
@@ -238,6 +243,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   util::SpinLock inbox_mutex_;
   std::vector<std::byte> inbox_;  // u16 length + message, repeated
   std::vector<std::byte> draining_;
+  std::vector<std::byte> carrier_buffer_;
   std::atomic<bool> inbox_pending_{false};
   LaneStats stats_;
   std::chrono::milliseconds promise_timeout_;

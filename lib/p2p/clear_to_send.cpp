@@ -59,6 +59,8 @@ void RecvCommImpl::announce(Request& r) {
   if (batch_limit_ == 0) {
     batch_limit_ = max_cts_entries(data_rails_);
     batched_.reserve(batch_limit_);
+    batch_.data_rails = static_cast<std::uint8_t>(data_rails_);
+    batch_.keys.resize(batch_limit_ * data_rails_);
   }
   // A group in one batch: its sender matches none of its messages before it knows them all.
   if (batch_.count != 0 && batch_.count + r.part_count > batch_limit_ &&
@@ -83,15 +85,16 @@ void RecvCommImpl::announce(Request& r) {
     entry.address = 0;
     if (part.registration != nullptr) {
       entry.address = part.registration->remote_address(part.data);
-      for (std::size_t k = 0; k < data_rails_; ++k) entry.keys[k] = part.registration->key(k);
+      std::uint64_t* keys = batch_.keys_of(batch_.count - 1);
+      for (std::size_t k = 0; k < data_rails_; ++k) keys[k] = part.registration->key(k);
     }
-    announced_[part.seq % kSeqWindow] = Announced{.seq = part.seq,
-                                                  .size = part.size,
-                                                  .tag = part.tag,
-                                                  .refused = entry.refused,
-                                                  .valid = true,
-                                                  .group_index = entry.group_index,
-                                                  .group_size = entry.group_size};
+    claim_posted(part.seq).announced = Announced{.seq = part.seq,
+                                                 .tag = part.tag,
+                                                 .size = part.size,
+                                                 .refused = entry.refused,
+                                                 .valid = true,
+                                                 .group_index = entry.group_index,
+                                                 .group_size = entry.group_size};
     part.to(RecvState::kAnnounced);
     batched_.push_back({&r, static_cast<std::uint8_t>(i)});
     defer();
@@ -211,11 +214,11 @@ void RecvCommImpl::repeat_clearances(std::uint32_t from) {
   if (batch_limit_ == 0) return;  // nothing announced yet
   // From the first buffer of its group: the sender matches no message of a group it does not
   // know whole.
-  const Announced& oldest = announced_[from % kSeqWindow];
+  const Announced& oldest = posted_.slot(from).entry.announced;
   if (oldest.valid && oldest.seq == from) from -= oldest.group_index;
   std::size_t repeated = 0;
   for (std::uint32_t seq = from; seq_before(seq, next_seq_) && seq - from < kSeqWindow; ++seq) {
-    const Announced& a = announced_[seq % kSeqWindow];
+    const Announced& a = posted_.slot(seq).entry.announced;
     if (!a.valid || a.seq != seq) continue;
     if (batch_.count == batch_limit_) send_control_batch();
     if (batch_.count == batch_limit_) return;  // back-pressure: the next ping asks again
@@ -226,12 +229,14 @@ void RecvCommImpl::repeat_clearances(std::uint32_t from) {
                      .refused = a.refused,
                      .group_index = a.group_index,
                      .group_size = a.group_size};
-    const PartRef& ref = by_seq_[seq % kSeqWindow];
+    std::fill_n(batch_.keys_of(batch_.count - 1), data_rails_, 0);
+    const PartRef& ref = part_ref(seq);
     if (ref.request != nullptr && ref.request->in_use && ref.part < ref.request->part_count) {
       const Part& part = ref.request->parts[ref.part];
       if (part.seq == seq && part.registration != nullptr && !terminal(part.recv)) {
         entry.address = part.registration->remote_address(part.data);
-        for (std::size_t k = 0; k < data_rails_; ++k) entry.keys[k] = part.registration->key(k);
+        std::uint64_t* keys = batch_.keys_of(batch_.count - 1);
+        for (std::size_t k = 0; k < data_rails_; ++k) keys[k] = part.registration->key(k);
       }
     }
     ++repeated;
@@ -260,9 +265,13 @@ void SendCommImpl::on_clear_to_send(std::span<const std::byte> body) {
   }
   for (std::size_t i = 0; i < cts.count(); ++i) {
     const CtsEntryView entry = cts.entry(i);
-    const std::size_t slot = entry.seq % kSeqWindow;
-    Clearance& clearance = clearances_[slot];
-    // Announced again (repeat_clearances): what we know of it, and whether it is taken, stands.
+    // A message posted already claimed its number's entry; if that is gone, the message
+    // finished and this is an announcement made again (repeat_clearances) for nothing.
+    Outgoing* outgoing =
+        seq_before(entry.seq, next_seq_) ? outgoing_.find(entry.seq) : &claim_outgoing(entry.seq);
+    if (outgoing == nullptr) continue;
+    Clearance& clearance = outgoing->clearance;
+    // Announced again: what we know of it, and whether it is taken, stands.
     if (clearance.announced && clearance.seq == entry.seq) continue;
     clearance = Clearance{.announced = true,
                           .group_index = entry.group_index,
@@ -273,8 +282,8 @@ void SendCommImpl::on_clear_to_send(std::span<const std::byte> body) {
     // The keys of every rail our lane has (data_rails_ never exceeds it): the message can
     // arrive before our own handshake finished (data_rails_ still 0) when the receiver posts
     // right after accepting.
-    std::memcpy(&keys_[slot * key_stride_], entry.keys,
-                8 * std::min(key_stride_, cts.data_rails()));
+    std::memcpy(outgoing_.extras(entry.seq), entry.keys,
+                8 * std::min(lane_->rails().data_rails(), cts.data_rails()));
   }
   for (std::size_t i = 0; i < cts.count(); ++i) settle_group(cts.entry(i).seq);
   // Matched messages no longer hold back later ones that may go ahead; new credits let them.
@@ -282,13 +291,13 @@ void SendCommImpl::on_clear_to_send(std::span<const std::byte> body) {
 }
 
 bool SendCommImpl::group_known(std::uint32_t seq) const noexcept {
-  const Clearance& own = clearances_[seq % kSeqWindow];
+  const Clearance& own = announcement(seq);
   if (!own.announced || own.seq != seq) return false;
   if (own.group_size == 1) [[likely]]
     return true;
   const std::uint32_t first = seq - own.group_index;
   for (std::uint32_t k = 0; k < own.group_size; ++k) {
-    const Clearance& buffer = clearances_[(first + k) % kSeqWindow];
+    const Clearance& buffer = announcement(first + k);
     if (!buffer.announced || buffer.seq != first + k) return false;
   }
   return true;
@@ -298,11 +307,11 @@ bool SendCommImpl::group_known(std::uint32_t seq) const noexcept {
 // the ones that went ahead first (they are its first messages), as the receiver placed them.
 void SendCommImpl::settle_group(std::uint32_t seq) {
   if (!group_known(seq)) return;
-  const Clearance& own = clearances_[seq % kSeqWindow];
+  const Clearance& own = announcement(seq);
   const std::uint32_t first = seq - own.group_index;
   for (std::uint32_t message = first; message != first + own.group_size; ++message) {
     if (!seq_before(message, next_seq_)) return;  // not posted yet
-    Request* r = waiting_[message % kSeqWindow];
+    Request* r = posted(message);
     if (r == nullptr || !r->in_use || r->kind != RequestKind::kSend || r->parts[0].seq != message) {
       continue;  // finished, so placed already
     }
@@ -321,7 +330,7 @@ void SendCommImpl::settle_group(std::uint32_t seq) {
 // a receive of one buffer.
 void SendCommImpl::place(Request& r) {
   Part& part = r.parts[0];
-  Clearance& own = clearances_[part.seq % kSeqWindow];
+  Clearance& own = announcement(part.seq);
   if (own.group_size == 1) [[likely]] {
     own.taken = true;
     part.peer_seq = part.seq;
@@ -331,7 +340,7 @@ void SendCommImpl::place(Request& r) {
   std::array<Tag, kMaxParts> tags{};
   GroupTaken taken = 0;
   for (std::size_t k = 0; k < own.group_size; ++k) {
-    const Clearance& buffer = clearances_[(first + k) % kSeqWindow];
+    const Clearance& buffer = announcement(first + k);
     tags[k] = buffer.buffer.tag;
     if (buffer.taken) taken |= static_cast<GroupTaken>(1u << k);
   }
@@ -339,7 +348,7 @@ void SendCommImpl::place(Request& r) {
   // A group has a buffer for each of its messages, placed once each: one is always free.
   assert(k < own.group_size);
   if (k >= own.group_size) k = own.group_index;
-  clearances_[(first + k) % kSeqWindow].taken = true;
+  announcement(first + k).taken = true;
   part.peer_seq = first + static_cast<std::uint32_t>(k);
 }
 
@@ -361,7 +370,7 @@ bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {
 // a credit when there is one, else by write: never onto a receive that is not posted.
 void SendCommImpl::match(Request& r) {
   Part& part = r.parts[0];
-  const Clearance& clearance = clearances_[part.peer_seq % kSeqWindow];
+  const Clearance& clearance = announcement(part.peer_seq);
   const Verdict verdict = judge(clearance.buffer, part.size, part.tag);
   if (verdict != Verdict::kFits) [[unlikely]] {
     r.fail(status_of(verdict),

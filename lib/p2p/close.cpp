@@ -183,13 +183,15 @@ CloseNotice SendCommImpl::close_notice(CloseReason reason) {
   // The notice speaks of the receiver's buffers: a grouped receive's buffer that no message took
   // yet is unfinished, and a message placed beyond our next sequence number counts.
   std::uint32_t next = next_seq_;
-  for (const Clearance& clearance : clearances_) {
+  for (const auto& slot : outgoing_.slots()) {
+    const Clearance& clearance = slot.entry.clearance;
     const std::uint32_t ahead = clearance.seq - next_seq_;  // a group's later buffers
     if (clearance.taken && ahead < kMaxParts && !seq_before(clearance.seq, next)) {
       next = clearance.seq + 1;
     }
   }
-  for (const Clearance& clearance : clearances_) {
+  for (const auto& slot : outgoing_.slots()) {
+    const Clearance& clearance = slot.entry.clearance;
     if (clearance.announced && !clearance.taken && seq_before(clearance.seq, next) &&
         next - clearance.seq <= kSeqWindow) {
       unfinished.push_back(clearance.seq);

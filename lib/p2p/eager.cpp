@@ -60,7 +60,8 @@ void SendCommImpl::post_eager(Request& r) {
       {mux::TagKind::kEager, peer_id_, ahead ? part.seq : part.peer_seq, carrier != 0, !ahead});
   Status status;
   if (carrier != 0) {
-    status = data_rail.tagged_inject(peer_data_[0], carrier_.data(), carrier, wire_tag, part.tag);
+    status = data_rail.tagged_inject(peer_data_[0], lane_->carrier_buffer().data(), carrier,
+                                     wire_tag, part.tag);
   } else if (inject) {
     status = data_rail.tagged_inject(peer_data_[0], part.data, part.size, wire_tag, part.tag);
   } else {
@@ -92,10 +93,10 @@ void SendCommImpl::post_eager(Request& r) {
 }
 
 // The payload followed by a control message one of our receiving communicators owes the same
-// peer context (mux/carried_control.hpp), in carrier_: its length, or 0 when there is none or
-// it does not fit in an inject (of the provider's size, which may exceed LOOM_INJECT_MAX) that
-// the receiver's eager buffer takes. A taken message stays in held_control_ until an inject
-// carries it: back-pressure must not lose it.
+// peer context (mux/carried_control.hpp), in the lane's carrier buffer: its length, or 0 when there
+// is none or it does not fit in an inject (of the provider's size, which may exceed
+// LOOM_INJECT_MAX) that the receiver's eager buffer takes. A taken message stays in held_control_
+// until an inject carries it: back-pressure must not lose it.
 std::size_t SendCommImpl::fill_carrier(const Part& part) {
   if (!carry_control_) return 0;
   const std::size_t limit = std::min(inject_size_, eager_size_);
@@ -104,11 +105,12 @@ std::size_t SendCommImpl::fill_carrier(const Part& part) {
   const std::size_t room =
       std::min(limit - part.size - mux::kCarrierTrailerBytes, mux::kMaxCarriedControl);
   // Grown to what the largest payload so far needs, not the inject size (16 KiB on tcp): a
-  // communicator of small messages keeps a small buffer.
+  // lane of small messages keeps a small buffer.
   const std::size_t needed =
       std::min(limit, part.size + mux::kMaxCarriedControl + mux::kMaxCarrierPadding +
                           mux::kCarrierTrailerBytes);
-  if (carrier_.size() < needed) carrier_.resize(needed);
+  std::vector<std::byte>& carrier = lane_->carrier_buffer();
+  if (carrier.size() < needed) carrier.resize(needed);
   if (carried_length_ == 0) {
     carried_length_ =
         lanes_.take_carried_control(peer_context_, {held_control_.data(), room}, carried_lane_);
@@ -116,17 +118,17 @@ std::size_t SendCommImpl::fill_carrier(const Part& part) {
   } else if (carried_length_ > room) {
     return 0;  // held from a larger room: it waits for a smaller payload
   }
-  if (part.size != 0) std::memcpy(carrier_.data(), part.data, part.size);
-  std::memcpy(carrier_.data() + part.size, held_control_.data(), carried_length_);
+  if (part.size != 0) std::memcpy(carrier.data(), part.data, part.size);
+  std::memcpy(carrier.data() + part.size, held_control_.data(), carried_length_);
   std::size_t end = part.size + carried_length_;
   // Padding where the provider delivers small messages slower than larger ones (profile).
   std::size_t padding = 0;
   if (end + mux::kCarrierTrailerBytes < min_carrier_ && min_carrier_ <= limit) {
     padding = std::min(min_carrier_ - end - mux::kCarrierTrailerBytes, mux::kMaxCarrierPadding);
-    std::memset(carrier_.data() + end, 0, padding);
+    std::memset(carrier.data() + end, 0, padding);
     end += padding;
   }
-  mux::encode_carrier_trailer({carrier_.data() + end, mux::kCarrierTrailerBytes}, carried_lane_,
+  mux::encode_carrier_trailer({carrier.data() + end, mux::kCarrierTrailerBytes}, carried_lane_,
                               carried_length_, padding);
   return end + mux::kCarrierTrailerBytes;
 }
@@ -136,7 +138,7 @@ std::size_t SendCommImpl::fill_carrier(const Part& part) {
 // that the messages of a group that went ahead are its first ones (p2p/group.hpp).
 void SendCommImpl::send_ahead_waiting() {
   for (; seq_before(ahead_next_, next_seq_) && credits_ != 0; ++ahead_next_) {
-    Request* r = waiting_[ahead_next_ % kSeqWindow];
+    Request* r = posted(ahead_next_);
     if (r == nullptr || !r->in_use || r->kind != RequestKind::kSend ||
         r->parts[0].seq != ahead_next_ || r->parts[0].send != SendState::kAwaitingClearance) {
       continue;
@@ -165,7 +167,7 @@ void SendCommImpl::collect_clearance(Request& r) {
 // same way.
 void SendCommImpl::settle_sent_ahead(Request& r) {
   Part& part = r.parts[0];
-  const Clearance& clearance = clearances_[part.peer_seq % kSeqWindow];
+  const Clearance& clearance = announcement(part.peer_seq);
   const Verdict verdict = judge(clearance.buffer, part.size, part.tag);
   if (verdict == Verdict::kFits && r.status == Status::kOk) {
     part.delivered = part.size;
@@ -316,7 +318,7 @@ void RecvCommImpl::deliver_held(Request& r, Part& part) {
 }
 
 Request* RecvCommImpl::group_of(std::uint32_t message) const noexcept {
-  const PartRef& ref = by_seq_[message % kSeqWindow];
+  const PartRef& ref = part_ref(message);
   Request* r = ref.request;
   if (r == nullptr || !r->in_use || r->kind != RequestKind::kRecv || r->part_count < 2 ||
       ref.part >= r->part_count || r->parts[ref.part].seq != message) {

@@ -298,7 +298,8 @@ const char* to_string(RejectReason reason) {
 std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
   if (m.data_rails == 0 || m.data_rails > kMaxDataRails ||
       m.count > max_cts_entries(m.data_rails) || (m.count == 0 && m.credits == 0) ||
-      (m.credits != 0 && m.eager_size == 0) || m.eager_size > kMaxEagerBuffer) {
+      (m.credits != 0 && m.eager_size == 0) || m.eager_size > kMaxEagerBuffer ||
+      m.keys.size() < std::size_t{m.count} * m.data_rails) {
     return 0;
   }
   for (std::size_t i = 0; i < m.count; ++i) {
@@ -319,7 +320,7 @@ std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
     at = put_field<std::uint32_t>(at, e.tag);
     at = put_field<std::uint8_t>(at, cts_flags(e));
     at = put_field<std::uint64_t>(at, e.address);
-    std::memcpy(at, e.keys.data(), 8 * m.data_rails);
+    std::memcpy(at, m.keys.data() + i * m.data_rails, 8 * m.data_rails);
     at += 8 * m.data_rails;
   }
   return length;
@@ -379,6 +380,7 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
   out.data_rails = static_cast<std::uint8_t>(reader.data_rails());
   out.credits = static_cast<std::uint16_t>(reader.credits());
   out.eager_size = static_cast<std::uint32_t>(reader.eager_size());
+  out.keys.resize(reader.count() * reader.data_rails());
   for (std::size_t i = 0; i < reader.count(); ++i) {
     const CtsEntryView view = reader.entry(i);
     CtsEntry& e = out.entries[i];
@@ -389,7 +391,7 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
     e.group_index = view.group_index;
     e.group_size = view.group_size;
     e.address = view.address;
-    std::memcpy(e.keys.data(), view.keys, 8 * reader.data_rails());
+    std::memcpy(out.keys_of(i), view.keys, 8 * reader.data_rails());
   }
   return nullptr;
 }

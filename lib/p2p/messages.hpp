@@ -119,7 +119,6 @@ struct CtsEntry {
   std::uint8_t group_index = 0;
   std::uint8_t group_size = 1;
   std::uint64_t address = 0;  // for rendezvous writes, per MemoryRegistration::remote_address
-  std::array<std::uint64_t, kMaxDataRails> keys{};
 };
 struct ClearToSend {
   std::uint8_t count = 0;
@@ -127,6 +126,12 @@ struct ClearToSend {
   std::uint16_t credits = 0;     // eager buffers granted with this batch
   std::uint32_t eager_size = 0;  // the size of each (0 with no credits)
   std::array<CtsEntry, kMaxBatch> entries;
+  // Each entry's remote keys, data_rails of them from entries' index x data_rails: sized to the
+  // communicator's rails, not kMaxDataRails (a batch per receiving communicator, per peer).
+  std::vector<std::uint64_t> keys;
+  [[nodiscard]] std::uint64_t* keys_of(std::size_t entry) noexcept {
+    return keys.data() + entry * data_rails;
+  }
 };
 inline constexpr std::size_t kCtsHeaderBytes = 1 + 1 + 2 + 4;
 inline constexpr std::size_t kCtsEntryFixedBytes = 4 + 8 + 4 + 1 + 8;
@@ -146,7 +151,7 @@ std::size_t encode_cts(const ClearToSend& message, std::span<std::byte> out);
 const char* decode_cts(std::span<const std::byte> in, ClearToSend& out);
 
 // The data path reads a clear-to-send entry by entry, straight from the received bytes,
-// instead of filling a ClearToSend (a batch holds 64 entries of 16 keys).
+// instead of filling a ClearToSend.
 struct CtsEntryView {
   std::uint32_t seq = 0;
   std::uint64_t size = 0;

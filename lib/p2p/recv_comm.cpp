@@ -9,7 +9,7 @@
 namespace loom::p2p {
 
 RecvCommImpl::RecvCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
-    : Comm(core, lane, mux::Direction::kRecv, peer), by_seq_(kSeqWindow), announced_(kSeqWindow) {}
+    : Comm(core, lane, mux::Direction::kRecv, peer) {}
 
 // Closed: close() gave back what it held. A communicator destroyed without closing (a
 // constructor that threw) lets go here.
@@ -17,6 +17,22 @@ RecvCommImpl::~RecvCommImpl() {
   if (closed_) return;
   std::lock_guard lock(lane_->mutex());
   cancel_standing();
+}
+
+// An entry is used while its receive is in flight, or while the sender may ask again for a
+// refusal it did not get (repeat_clearances): a receive that failed before its message came
+// is finished here long before the sender matches it.
+RecvCommImpl::Posted& RecvCommImpl::claim_posted(std::uint32_t seq) {
+  return posted_.claim(seq, [this](const auto& slot) {
+    const PartRef& ref = slot.entry.part;
+    const Request* r = ref.request;
+    if (r != nullptr && r->in_use && r->kind == RequestKind::kRecv && ref.part < r->part_count &&
+        r->parts[ref.part].seq == slot.seq) {
+      return true;
+    }
+    const Announced& a = slot.entry.announced;
+    return a.valid && a.refused && next_seq_ - slot.seq <= kSeqWindow;
+  });
 }
 
 Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
@@ -53,7 +69,7 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
                        .seq = seq,
                        .peer_seq = seq};
     if (registrations[i] != nullptr) hold_region(r->parts[i], buffers[i].region);
-    by_seq_[seq % kSeqWindow] = PartRef{r, static_cast<std::uint8_t>(i)};
+    claim_posted(seq).part = PartRef{r, static_cast<std::uint8_t>(i)};
   }
   advance(*r);
   request = r;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "p2p/comm.hpp"
+#include "p2p/seq_ring.hpp"
 
 namespace loom::p2p {
 
@@ -33,6 +34,29 @@ class RecvCommImpl final : public Comm {
     Request* request = nullptr;
     std::uint8_t part = 0;
   };
+
+  // What each buffer's announcement said, kept for repeat_clearances: the
+  // buffer's request may be finished and reused by then.
+  struct Announced {
+    std::uint32_t seq = 0;
+    std::uint32_t tag = 0;
+    std::uint64_t size = 0;
+    bool refused = false;
+    bool valid = false;
+    std::uint8_t group_index = 0;
+    std::uint8_t group_size = 1;
+  };
+  // By sequence number: the receive part posted with it, and its announcement.
+  struct Posted {
+    PartRef part;
+    Announced announced;
+  };
+
+  // The part posted with `seq` (validate it: the slot may hold another number's).
+  [[nodiscard]] const PartRef& part_ref(std::uint32_t seq) const noexcept {
+    return posted_.slot(seq).entry.part;
+  }
+  Posted& claim_posted(std::uint32_t seq);
 
   void advance(Request& request) override;
   // A part leaves for kFailed (kArrived: for the outcome it has).
@@ -83,22 +107,10 @@ class RecvCommImpl final : public Comm {
   void on_writes_posted(std::span<const std::byte> body);
 
   std::uint32_t next_seq_ = 0;
-  std::vector<PartRef> by_seq_;   // by seq % kSeqWindow
   ClearToSend batch_;             // entries not sent yet
   std::vector<PartRef> batched_;  // the buffers they describe
   std::size_t batch_limit_ = 0;
-  // What each buffer's announcement said, by seq % kSeqWindow, for repeat_clearances: the
-  // buffer's request may be finished and reused by then.
-  struct Announced {
-    std::uint32_t seq = 0;
-    std::uint64_t size = 0;
-    std::uint32_t tag = 0;
-    bool refused = false;
-    bool valid = false;
-    std::uint8_t group_index = 0;
-    std::uint8_t group_size = 1;
-  };
-  std::vector<Announced> announced_;
+  SeqRing<Posted, kSeqWindow> posted_;
   // Closing before the sender heard where a grouped receive placed messages that came ahead:
   // both numbers of each such buffer, unfinished in our close notice (send_control_batch).
   std::vector<std::uint32_t> unsettled_ahead_;

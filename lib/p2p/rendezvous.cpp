@@ -80,8 +80,8 @@ void SendCommImpl::send_control_batch() {
 void SendCommImpl::post_stripes(Request& r) {
   if (r.stripes == 0) return;  // an empty message: its ready-to-send says all
   Part& part = r.parts[0];
-  const Clearance& clearance = clearances_[part.peer_seq % kSeqWindow];
-  const std::uint64_t* keys = &keys_[(part.peer_seq % kSeqWindow) * key_stride_];
+  const Clearance& clearance = announcement(part.peer_seq);
+  const std::uint64_t* keys = outgoing_.extras(part.peer_seq);
   const bool fills = r.ready_to_send == ReadyToSendState::kNotNeeded;
   const std::uint32_t immediate = mux::encode_immediate(
       {peer_id_, static_cast<std::uint16_t>(part.peer_seq & mux::kImmSeqMask), fills, r.stripes});
@@ -170,7 +170,7 @@ void SendCommImpl::fail_send(Request& r, const ofi::Completion& completion) {
 
 Part* RecvCommImpl::waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner,
                                  std::size_t* index) {
-  const PartRef& ref = by_seq_[seq % kSeqWindow];
+  const PartRef& ref = part_ref(seq);
   if (ref.request == nullptr || !ref.request->in_use || ref.request->kind != RequestKind::kRecv ||
       ref.part >= ref.request->part_count) {
     return nullptr;

@@ -13,11 +13,26 @@ namespace loom::p2p {
 SendCommImpl::SendCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
     : Comm(core, lane, mux::Direction::kSend, peer),
       min_stripe_(settings_.min_stripe),
-      clearances_(kSeqWindow),
-      key_stride_(lane.rails().data_rails()),
-      keys_(kSeqWindow * key_stride_),
-      waiting_(kSeqWindow, nullptr) {
+      outgoing_(lane.rails().data_rails()) {
   batched_.reserve(kMaxBatch);
+}
+
+SendCommImpl::Outgoing& SendCommImpl::claim_outgoing(std::uint32_t seq) {
+  return outgoing_.claim(seq, [this](const auto& slot) {
+    if (seq_before(slot.seq, floor_)) return false;
+    floor_ = in_flight_floor();  // it only moves up: worth a look only when it says "in use"
+    return !seq_before(slot.seq, floor_);
+  });
+}
+
+std::uint32_t SendCommImpl::in_flight_floor() const noexcept {
+  std::uint32_t oldest = next_seq_;
+  for (const Request& r : requests_.built()) {
+    if (r.in_use && r.kind == RequestKind::kSend && seq_before(r.parts[0].seq, oldest)) {
+      oldest = r.parts[0].seq;
+    }
+  }
+  return oldest - static_cast<std::uint32_t>(kMaxParts - 1);
 }
 
 Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const MemoryRegion& region,
@@ -61,7 +76,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
                      .seq = seq,
                      .peer_seq = seq};
   if (registration != nullptr) hold_region(r->parts[0], region);
-  waiting_[seq % kSeqWindow] = r;
+  claim_outgoing(seq).send = r;
   if (group_known(seq)) {
     place(*r);
     match(*r);

@@ -9,6 +9,7 @@
 
 #include "mux/carried_control.hpp"
 #include "p2p/comm.hpp"
+#include "p2p/seq_ring.hpp"
 #include "p2p/verdict.hpp"
 
 namespace loom::p2p {
@@ -35,6 +36,30 @@ class SendCommImpl final : public Comm {
     BufferFacts buffer;
     std::uint64_t address = 0;
   };
+
+  // By sequence number: the send posted with it (until it finished) and its buffer's
+  // announcement, with the buffer's remote key on each of the lane's data rails as extras.
+  struct Outgoing {
+    Request* send = nullptr;
+    Clearance clearance;
+  };
+
+  // The buffer announced for sequence number `seq`, or the slot's other entry (compare .seq).
+  [[nodiscard]] Clearance& announcement(std::uint32_t seq) noexcept {
+    return outgoing_.slot(seq).entry.clearance;
+  }
+  [[nodiscard]] const Clearance& announcement(std::uint32_t seq) const noexcept {
+    return outgoing_.slot(seq).entry.clearance;
+  }
+  // The send posted with `seq` while it is in flight, else another request or nullptr.
+  [[nodiscard]] Request* posted(std::uint32_t seq) noexcept {
+    return outgoing_.slot(seq).entry.send;
+  }
+  Outgoing& claim_outgoing(std::uint32_t seq);
+  // The oldest sequence number an entry of outgoing_ may still be read for: a send in flight
+  // reads its group's announcements (at most kMaxParts - 1 before its own), a close notice the
+  // buffers of groups not fully taken.
+  [[nodiscard]] std::uint32_t in_flight_floor() const noexcept;
 
   void advance(Request& request) override;
   // A part of `request` leaves for kFailed or kFailing (what it owes drains first).
@@ -77,16 +102,15 @@ class SendCommImpl final : public Comm {
   std::size_t credits_ = 0;       // eager buffers the receiver has posted for us
   std::size_t eager_size_ = 0;    // their size (0 until the first grant)
   std::size_t min_stripe_;
-  std::vector<Clearance> clearances_;  // by seq % kSeqWindow
-  std::size_t key_stride_;             // the lane's data rails
-  std::vector<std::uint64_t> keys_;    // kSeqWindow x key_stride_ remote keys
-  std::vector<Request*> waiting_;      // sends by seq % kSeqWindow
-  std::uint32_t writes_posted_ = 0;    // every write posted (the close notice says it)
-  ReadyToSend batch_;                  // ready-to-sends not sent yet
-  std::vector<Request*> batched_;      // the requests they belong to
-  // Carried control (eager.cpp, fill_carrier): the message being built, and a control message
-  // taken from a receiving communicator that no inject has carried yet.
-  std::vector<std::byte> carrier_;
+  SeqRing<Outgoing, kSeqWindow> outgoing_;
+  // Below this sequence number no entry is used any more (see in_flight_floor).
+  std::uint32_t floor_ = 0u - static_cast<std::uint32_t>(kMaxParts - 1);
+  std::uint32_t writes_posted_ = 0;  // every write posted (the close notice says it)
+  ReadyToSend batch_;                // ready-to-sends not sent yet
+  std::vector<Request*> batched_;    // the requests they belong to
+  // Carried control (eager.cpp, fill_carrier; the message is built in the lane's carrier
+  // buffer): a control message taken from a receiving communicator that no inject has
+  // carried yet.
   std::array<std::byte, mux::kMaxCarriedControl> held_control_{};
   std::size_t carried_length_ = 0;
   std::uint64_t carried_lane_ = 0;

@@ -11,10 +11,9 @@ namespace {
 using namespace loom::p2p;
 using loom::fuzz::ByteSource;
 
-bool same_entry(const CtsEntry& a, const CtsEntry& b, std::size_t rails) {
+bool same_entry(const CtsEntry& a, const CtsEntry& b) {
   return a.seq == b.seq && a.size == b.size && a.tag == b.tag && a.refused == b.refused &&
-         a.group_index == b.group_index && a.group_size == b.group_size && a.address == b.address &&
-         std::equal(a.keys.begin(), a.keys.begin() + rails, b.keys.begin());
+         a.group_index == b.group_index && a.group_size == b.group_size && a.address == b.address;
 }
 
 // Only the first `count` entries and `data_rails` keys are on the wire.
@@ -24,14 +23,18 @@ bool same_cts(const ClearToSend& a, const ClearToSend& b) {
     return false;
   }
   for (std::size_t i = 0; i < a.count; ++i) {
-    if (!same_entry(a.entries[i], b.entries[i], a.data_rails)) return false;
+    if (!same_entry(a.entries[i], b.entries[i])) return false;
   }
-  return true;
+  const std::size_t keys = std::size_t{a.count} * a.data_rails;
+  return a.keys.size() >= keys && b.keys.size() >= keys &&
+         std::equal(a.keys.begin(), a.keys.begin() + static_cast<std::ptrdiff_t>(keys),
+                    b.keys.begin());
 }
 bool cts_fits(const ClearToSend& m) {
   const bool fits = m.data_rails >= 1 && m.data_rails <= kMaxDataRails &&
                     (m.count >= 1 || m.credits >= 1) && m.count <= max_cts_entries(m.data_rails) &&
-                    (m.credits == 0 || m.eager_size != 0) && m.eager_size <= kMaxEagerBuffer;
+                    (m.credits == 0 || m.eager_size != 0) && m.eager_size <= kMaxEagerBuffer &&
+                    m.keys.size() >= std::size_t{m.count} * m.data_rails;
   return fits && std::all_of(m.entries.begin(), m.entries.begin() + m.count, [](const CtsEntry& e) {
            return e.group_size >= 1 && e.group_size <= kMaxParts && e.group_index < e.group_size;
          });
@@ -78,7 +81,7 @@ ClearToSend make_cts(ByteSource& s) {
     e.group_size = static_cast<std::uint8_t>(s.u8() % (kMaxParts + 2));
     e.address = s.take<std::uint64_t>();
     for (std::size_t k = 0; k < std::min<std::size_t>(m.data_rails, kMaxDataRails); ++k) {
-      e.keys[k] = s.take<std::uint64_t>();
+      m.keys.push_back(s.take<std::uint64_t>());
     }
   }
   return m;

@@ -77,9 +77,8 @@ ClearToSend cts(std::uint8_t count, std::uint8_t rails) {
                     .refused = i % 3 == 2,
                     .group_index = grouped ? i : std::uint8_t{0},
                     .group_size = grouped ? count : std::uint8_t{1},
-                    .address = 0x10000,
-                    .keys = {}};
-    for (std::uint8_t k = 0; k < rails; ++k) m.entries[i].keys[k] = 0xabc0u + k;
+                    .address = 0x10000};
+    for (std::uint8_t k = 0; k < rails; ++k) m.keys.push_back(0xabc0u + k);
   }
   return m;
 }
