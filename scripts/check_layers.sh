@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Layering rules from shared/STYLE.md: util <- ofi <- mux <- p2p <- API; rdma/* headers and fi_*
-# calls only in lib/ofi and providers/; the environment only in lib/util. Prints each violation; exits 1 if any.
+# The layering rule as README (Layout) states it: util <- ofi <- {mux, p2p} <- API, topo beside
+# ofi and libfabric-free, providers/ under ofi, lib/nccl on the public API only; mux and p2p
+# include only the ofi headers allowed below; rdma/* headers and fi_* calls only in lib/ofi and
+# providers/; the environment only in lib/util. Prints each violation; exits 1 if any.
 set -u
 root=${1:-$(dirname "$0")/..}
 cd "$root" || exit 2
@@ -21,13 +23,32 @@ check_includes() {  # dir, forbidden include prefixes...
 for dir in lib/util lib/ofi lib/mux lib/topo providers; do
   check_includes "$dir" loom/p2p.hpp loom/loom.hpp
 done
-check_includes lib/util ofi/ mux/ p2p/ topo/ rdma/ infiniband/
-check_includes lib/ofi mux/ p2p/ topo/
-check_includes lib/topo mux/ p2p/ rdma/
-check_includes lib/mux p2p/ rdma/ infiniband/ providers/
-check_includes lib/p2p rdma/ infiniband/ providers/ ofi/fid.hpp
-check_includes include/loom rdma/ infiniband/ ofi/ mux/ p2p/ util/ topo/ providers/
+check_includes lib/util ofi/ mux/ p2p/ topo/ rdma/ infiniband/ nccl/
+check_includes lib/ofi mux/ p2p/ topo/ nccl/
+check_includes lib/topo ofi/ mux/ p2p/ rdma/ infiniband/ nccl/
+check_includes lib/mux p2p/ rdma/ infiniband/ providers/ nccl/
+check_includes lib/p2p rdma/ infiniband/ providers/ nccl/
+check_includes include/loom rdma/ infiniband/ ofi/ mux/ p2p/ util/ topo/ providers/ nccl/
 check_includes bench rdma/ ofi/ mux/ p2p/ util/ providers/
+check_includes providers ofi/ mux/ p2p/ util/ topo/ nccl/
+
+# Which lib/ofi headers a layer above may include: those of the objects it posts on or holds.
+check_allowed_ofi() {  # dir, allowed header names...
+  local dir=$1; shift
+  while IFS= read -r hit; do
+    local header=${hit##*ofi/}; header=${header%%.hpp*}
+    local ok=0
+    for allowed in "$@"; do [ "$header" = "$allowed" ] && ok=1; done
+    [ $ok -eq 1 ] || violation "${hit%%:#*} includes ofi/$header.hpp (not on $dir's list)"
+  done < <(grep -rnE '#include "ofi/' "$dir" --include='*.cpp' --include='*.hpp' | cut -d: -f1,2,3)
+}
+check_allowed_ofi lib/mux completion memory_registration nic rail rail_set
+check_allowed_ofi lib/p2p completion memory_registration nic rail rail_set selection subnet
+
+# Includes name their layer from lib/ (or include/), never a path relative to the file.
+while IFS= read -r hit; do violation "$hit includes by a relative path"; done \
+  < <(grep -rnE '#include [<"]\.\.?/' lib include providers bench --include='*.cpp' --include='*.hpp' \
+        | cut -d: -f1,2)
 # The NCCL plugin sits on the public API only.
 check_includes lib/nccl rdma/ infiniband/ ofi/ mux/ p2p/ util/ topo/ providers/
 
@@ -38,8 +59,7 @@ for dir in lib/util lib/mux lib/p2p lib/topo lib/nccl include bench; do
     < <(grep -rnE '\bfi_[a-z_]+\(' "$dir" --include='*.cpp' --include='*.hpp' | cut -d: -f1,2)
 done
 
-# The process environment is read and written in lib/util only (util/env.hpp says why the one
-# write, the provider defaults, happens once per process).
+# The process environment is read in lib/util only, and written nowhere (util/env.hpp).
 while IFS= read -r hit; do violation "$hit touches the environment outside lib/util"; done \
   < <(grep -rnE '\b(getenv|secure_getenv|setenv|unsetenv|putenv|environ)\b' lib providers include \
         --include='*.cpp' --include='*.hpp' --exclude-dir=util | cut -d: -f1,2)
@@ -55,7 +75,7 @@ while IFS= read -r hit; do violation "$hit links CUDA (the driver is dlopen'd)";
 # Raw new/delete and goto in the library. (providers/epmr is exempt: libfabric owns its objects'
 # lifetime through fi_close, so they end with `delete this`.)
 while IFS= read -r hit; do violation "$hit uses raw new/delete or goto"; done \
-  < <(grep -rnE '(^|[^_a-zA-Z])(new [A-Za-z_:]+[\(\[{]|delete |goto )' lib include providers \
+  < <(grep -rnE '(^|[^_a-zA-Z])(new [A-Za-z_:<>]+ *[\(\[{;]|delete |goto )' lib include providers \
         --include='*.cpp' --include='*.hpp' --exclude-dir=epmr | cut -d: -f1,2)
 
 [ $bad -eq 0 ] && echo "layering: ok"

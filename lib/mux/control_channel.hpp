@@ -15,7 +15,7 @@
 #include "loom/error.hpp"
 #include "mux/routing.hpp"
 #include "ofi/completion.hpp"
-#include "ofi/log_limit.hpp"
+#include "util/log_limit.hpp"
 #include "ofi/rail.hpp"
 
 namespace loom::ofi {
@@ -136,7 +136,7 @@ class ControlChannel final : ofi::CompletionHandler {
   // Registrations bound to the control endpoints: declared last, closed first.
   std::unique_ptr<ofi::MemoryRegistration> rx_registration_;
   std::unique_ptr<ofi::MemoryRegistration> tx_registration_;
-  ofi::LogLimit receive_errors_;  // failed receive completions, reposted and failing again
+  util::LogLimit receive_errors_;  // failed receive completions, reposted and failing again
 };
 
 }  // namespace loom::mux

@@ -13,7 +13,7 @@
 
 #include "ofi/completion.hpp"
 #include "ofi/fid.hpp"
-#include "ofi/log_limit.hpp"
+#include "util/log_limit.hpp"
 
 namespace loom::ofi {
 
@@ -49,9 +49,9 @@ class CompletionQueue {
   // FI_RX_CQ_DATA mode: a remote write's op_context is the receive it consumed, else not ours.
   bool rx_cq_data_;
   RemoteWriteHandler* remote_writes_ = nullptr;
-  LogLimit read_errors_;  // fi_cq_read / fi_cq_readerr failing
+  util::LogLimit read_errors_;  // fi_cq_read / fi_cq_readerr failing
   bool dispatching_ = false;
-  LogLimit orphan_errors_;  // error entries with no context to hand them to
+  util::LogLimit orphan_errors_;  // error entries with no context to hand them to
 };
 
 }  // namespace loom::ofi

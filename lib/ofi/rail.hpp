@@ -16,7 +16,7 @@
 #include "ofi/completion_queue.hpp"
 #include "ofi/fid.hpp"
 #include "ofi/flush_buffer.hpp"
-#include "ofi/log_limit.hpp"
+#include "util/log_limit.hpp"
 
 namespace loom::ofi {
 
@@ -68,7 +68,7 @@ class RxCqDataCredits final : public CompletionHandler {
   Rail* rail_;
   std::vector<OpContext> credits_;
   std::vector<OpContext*> waiting_;  // not posted: refused, to be posted again
-  LogLimit errors_;                  // credits completing in error
+  util::LogLimit errors_;                  // credits completing in error
 };
 
 class Rail {
@@ -182,7 +182,7 @@ class Rail {
   Address self_ = 0;
   RailStats stats_;
   std::string last_error_;
-  LogLimit post_errors_;
+  util::LogLimit post_errors_;
 };
 
 // The registration targets of `rails`, in order, for MemoryRegistration and MrCache. The rails

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-namespace loom::ofi {
+namespace loom::util {
 
 class LogLimit {
  public:
@@ -40,4 +40,4 @@ class LogLimit {
   std::uint64_t left_out_ = 0;
 };
 
-}  // namespace loom::ofi
+}  // namespace loom::util
