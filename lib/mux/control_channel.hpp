@@ -15,8 +15,8 @@
 #include "loom/error.hpp"
 #include "mux/routing.hpp"
 #include "ofi/completion.hpp"
-#include "util/log_limit.hpp"
 #include "ofi/rail.hpp"
+#include "util/log_limit.hpp"
 
 namespace loom::ofi {
 class MemoryRegistration;

@@ -68,7 +68,7 @@ class RxCqDataCredits final : public CompletionHandler {
   Rail* rail_;
   std::vector<OpContext> credits_;
   std::vector<OpContext*> waiting_;  // not posted: refused, to be posted again
-  util::LogLimit errors_;                  // credits completing in error
+  util::LogLimit errors_;            // credits completing in error
 };
 
 class Rail {
