@@ -34,6 +34,10 @@ inline constexpr std::size_t kSeqWindow = 1024;
 inline constexpr unsigned kIdlePollsPerKick = 16;
 static_assert((kIdlePollsPerKick & (kIdlePollsPerKick - 1)) == 0);
 static_assert(kMaxRequests * kMaxParts <= kSeqWindow);
+// One limit under two names: the public one, and the wire's and the request's.
+static_assert(kMaxParts == kMaxRecvBuffers, "a receive request's parts are irecv's buffers");
+static_assert(kMaxOps >= kMaxParts && kMaxOps >= kMaxSendStripes,
+              "a request's op contexts cover its parts' receives and its stripes' writes");
 static_assert(kSeqWindow <= kCloseWindow, "a close notice covers every sequence in flight");
 static_assert(((std::size_t{1} << mux::kImmSeqBits) % kSeqWindow) == 0);
 static_assert(kSeqWindow <= (std::size_t{1} << mux::kTagSeqBits));
