@@ -205,7 +205,7 @@ void exchange(HubLink& link, unsigned peer, Direction out, std::size_t size,
   // Receives first: a peer's message then finds its buffer posted.
   struct Pending {
     Communicator* comm;
-    Request* request;
+    Request request;
     bool send;
     std::size_t index;
     std::size_t delivered;
@@ -213,8 +213,7 @@ void exchange(HubLink& link, unsigned peer, Direction out, std::size_t size,
   std::vector<Pending> pending;
   for (std::size_t i = 0; i < n; ++i) {
     const RecvBuffer buffer{recv_buffer.data() + i * size, size, kTag, recv_regions[i]};
-    Request* request = nullptr;
-    const Status status = link.recv[i]->irecv({&buffer, 1}, request);
+    const auto [status, request] = link.recv[i]->irecv({&buffer, 1});
     if (status != Status::kOk) {
       fail(comm_name(false, i), "irecv",
            std::string(to_string(status)) + ": " + link.recv[i]->last_error());
@@ -222,9 +221,8 @@ void exchange(HubLink& link, unsigned peer, Direction out, std::size_t size,
     pending.push_back({link.recv[i].get(), request, false, i, 0});
   }
   for (std::size_t i = 0; i < n; ++i) {
-    Request* request = nullptr;
-    const Status status =
-        link.send[i]->isend(send_buffer.data() + i * size, size, kTag, send_regions[i], request);
+    const auto [status, request] =
+        link.send[i]->isend(send_buffer.data() + i * size, size, kTag, send_regions[i]);
     if (status != Status::kOk) {
       fail(comm_name(true, i), "isend",
            std::string(to_string(status)) + ": " + link.send[i]->last_error());
@@ -233,17 +231,15 @@ void exchange(HubLink& link, unsigned peer, Direction out, std::size_t size,
   }
   for (std::size_t left = pending.size(); left > 0;) {
     for (Pending& p : pending) {
-      if (p.request == nullptr) continue;
-      bool done = false;
-      const Status status = p.comm->test(p.request, done, {&p.delivered, 1});
+      if (!p.request.valid()) continue;
+      const Status status = p.comm->test(p.request, {&p.delivered, 1});
+      if (status == Status::kInProgress) continue;
       if (status != Status::kOk) {
         fail(comm_name(p.send, p.index), "test",
              std::string(to_string(status)) + ": " + p.comm->last_error());
       }
-      if (done) {
-        p.request = nullptr;
-        --left;
-      }
+      p.request = {};
+      --left;
     }
     watch(pending.size() - left, pending.size());
   }

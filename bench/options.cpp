@@ -10,6 +10,7 @@
 
 #include "loom/config.hpp"
 #include "loom/p2p.hpp"
+#include "loom/process.hpp"
 
 namespace loom::bench {
 

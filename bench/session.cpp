@@ -135,22 +135,21 @@ void Session::wait_all(std::vector<Pending>& pending) {
     }
     const std::uint64_t pass = ++pass_;
     // Requests finish mostly in order: a pass starts at the oldest one still pending.
-    while (pending[first].request == nullptr) ++first;
+    while (!pending[first].request.valid()) ++first;
     for (std::size_t k = first; k < pending.size(); ++k) {
       Pending& p = pending[k];
-      if (p.request == nullptr || busy_pass_[p.comm_slot] == pass) continue;
-      bool done = false;
+      if (!p.request.valid() || busy_pass_[p.comm_slot] == pass) continue;
       std::size_t delivered = 0;
-      const Status status = p.comm->test(p.request, done, {&delivered, 1});
+      const Status status = p.comm->test(p.request, {&delivered, 1});
+      if (status == Status::kInProgress) {
+        busy_pass_[p.comm_slot] = pass;
+        continue;
+      }
       if (status != Status::kOk) {
         throw std::runtime_error("message " + std::to_string(p.index) + ": " +
                                  std::string(to_string(status)) + ": " + p.comm->last_error());
       }
-      if (!done) {
-        busy_pass_[p.comm_slot] = pass;
-        continue;
-      }
-      p.request = nullptr;
+      p.request = {};
       --left;
       progressed = true;
       if (p.data == nullptr) continue;  // a send, or the window ack
@@ -179,9 +178,8 @@ void Session::post_sends(std::size_t first, std::size_t count, std::size_t size,
     } else if (options_.verify) {
       for (std::size_t i = 0; i < size; ++i) data[i] = pattern(k, i);
     }
-    Request* request = nullptr;
-    const Status status =
-        send_[comm]->isend(data, size, static_cast<Tag>(k), send_regions_[comm], request);
+    const auto [status, request] =
+        send_[comm]->isend(data, size, static_cast<Tag>(k), send_regions_[comm]);
     if (status != Status::kOk) {
       throw std::runtime_error("isend: " + send_[comm]->last_error());
     }
@@ -195,10 +193,8 @@ void Session::post_receives(std::size_t first, std::size_t count, std::size_t si
     const std::size_t comm = k % recv_.size();
     std::byte* data = recv_buffer_.data() + (k % slots_) * std::max<std::size_t>(size, 1);
     RecvBuffer buffer{data, size, static_cast<Tag>(k), recv_regions_[comm]};
-    Request* request = nullptr;
-    if (recv_[comm]->irecv({&buffer, 1}, request) != Status::kOk) {
-      throw std::runtime_error("irecv: " + recv_[comm]->last_error());
-    }
+    const auto [status, request] = recv_[comm]->irecv({&buffer, 1});
+    if (status != Status::kOk) throw std::runtime_error("irecv: " + recv_[comm]->last_error());
     pending.push_back({recv_[comm].get(), request, k, data, size, send_.size() + comm});
   }
 }
@@ -207,12 +203,12 @@ void Session::flush(const Pending& received) {
   const std::size_t comm = received.comm_slot - send_.size();
   RecvBuffer buffer{received.data, received.size, static_cast<Tag>(received.index),
                     recv_regions_[comm]};
-  Request* request = nullptr;
-  if (recv_[comm]->iflush({&buffer, 1}, request) != Status::kOk) {
+  const Posted flush = recv_[comm]->iflush({&buffer, 1});
+  if (flush.status != Status::kOk) {
     throw std::runtime_error("iflush: " + recv_[comm]->last_error());
   }
-  if (request == nullptr) return;  // LOOM_GPU_FLUSH=0
-  const Status status = recv_[comm]->wait(request, {}, std::chrono::seconds(options_.timeout_s));
+  const Status status =
+      recv_[comm]->wait(flush.request, {}, std::chrono::seconds(options_.timeout_s));
   if (status != Status::kOk) {
     throw std::runtime_error("iflush of message " + std::to_string(received.index) + ": " +
                              std::string(to_string(status)) + ": " + recv_[comm]->last_error());
@@ -319,18 +315,17 @@ void Session::exchange_windows(std::size_t size, std::size_t count) {
 // tagged apart from the data messages.
 void Session::post_ack(bool send, std::vector<Pending>& pending) {
   constexpr Tag kAckTag = 0xACCACC;
-  Request* request = nullptr;
-  Status status;
+  Posted ack;
   if (send) {
-    status = send_[0]->isend(ack_.data(), ack_.size(), kAckTag, ack_send_region_, request);
-    pending.push_back({send_[0].get(), request, 0, nullptr, ack_.size(), 0});
+    ack = send_[0]->isend(ack_.data(), ack_.size(), kAckTag, ack_send_region_);
+    pending.push_back({send_[0].get(), ack.request, 0, nullptr, ack_.size(), 0});
   } else {
     RecvBuffer buffer{ack_.data(), ack_.size(), kAckTag, ack_recv_region_};
-    status = recv_[0]->irecv({&buffer, 1}, request);
-    pending.push_back({recv_[0].get(), request, 0, nullptr, ack_.size(), send_.size()});
+    ack = recv_[0]->irecv({&buffer, 1});
+    pending.push_back({recv_[0].get(), ack.request, 0, nullptr, ack_.size(), send_.size()});
   }
-  if (status != Status::kOk)
-    throw std::runtime_error("window ack: " + std::string(to_string(status)));
+  if (ack.status != Status::kOk)
+    throw std::runtime_error("window ack: " + std::string(to_string(ack.status)));
 }
 
 // One message there and back on the first pair of communicators; latency = round trip / 2.

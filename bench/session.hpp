@@ -58,7 +58,7 @@ class Session {
  private:
   struct Pending {
     Communicator* comm;
-    Request* request;
+    Request request;
     std::size_t index;  // message number, for verification
     std::byte* data;
     std::size_t size;

@@ -13,6 +13,10 @@
 
 namespace loom {
 
+// LOOM_CARRY_CONTROL: whether clear-to-sends ride inside eager messages going the other way
+// (its values 0, 1, 2 in this order).
+enum class CarryControl : std::uint8_t { kNever, kWhereItHelps, kAlways };
+
 // Every field starts at its variable's default: Config() parses the default column of the
 // table in lib/util/config.cpp, where each default is written once. (The {} below only keep
 // a field that no row sets from being indeterminate.)
@@ -29,7 +33,7 @@ struct Config {
   std::size_t eager_max{};                // LOOM_EAGER_MAX
   std::optional<unsigned> eager_credits;  // LOOM_EAGER_CREDITS (none: auto, the provider's)
   std::size_t inject_max{};               // LOOM_INJECT_MAX
-  unsigned carry_control{};               // LOOM_CARRY_CONTROL
+  CarryControl carry_control{};           // LOOM_CARRY_CONTROL
   std::size_t min_stripe{};               // LOOM_MIN_STRIPE
   std::size_t mr_cache_entries{};         // LOOM_MR_CACHE_ENTRIES
   std::string log_level;                  // LOOM_LOG_LEVEL

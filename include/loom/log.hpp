@@ -7,7 +7,8 @@
 
 namespace loom {
 
-enum class LogLevel : std::uint8_t { kTrace, kDebug, kInfo, kWarn, kError };
+// kOff is only a threshold (set_log_level): no line is ever logged at it.
+enum class LogLevel : std::uint8_t { kTrace, kDebug, kInfo, kWarn, kError, kOff };
 
 // Receives one formatted line (no trailing newline). Called from whichever thread logs, one
 // call at a time; it must not call back into loom.
@@ -17,8 +18,8 @@ using LogSink = void (*)(LogLevel level, std::string_view message, void* user);
 // Thread-safe. The sink must stay callable until it is replaced.
 void set_log_sink(LogSink sink, void* user) noexcept;
 
-// Sets the level below which loom drops lines: the LOOM_LOG_LEVEL words (trace, debug, info,
-// warn, error, off). A Context sets it from its Config when it is created.
-void set_log_level(std::string_view level);
+// Sets the level below which loom drops lines (kOff: all of them). Thread-safe. A Context sets
+// it from its Config (LOOM_LOG_LEVEL) when it is created.
+void set_log_level(LogLevel level) noexcept;
 
 }  // namespace loom

@@ -6,3 +6,4 @@
 #include "loom/log.hpp"
 #include "loom/memory.hpp"
 #include "loom/p2p.hpp"
+#include "loom/process.hpp"

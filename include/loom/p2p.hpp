@@ -35,8 +35,33 @@ struct Request;
 }  // namespace p2p
 
 using Tag = std::uint32_t;
-// A pending operation. Owned by its communicator; valid until test() reports it done.
-using Request = p2p::Request;
+
+// Names one operation posted on one communicator (isend, irecv, iflush). A value: copy it
+// freely. It names its operation until test() or wait() reported the operation done, or the
+// communicator closed; after that it names nothing, whatever the communicator runs meanwhile,
+// and test() or wait() with it return kInvalid (so does a handle of another communicator).
+class Request {
+ public:
+  Request() = default;  // names nothing
+  // Whether it was ever given by a post (a default-constructed handle was not).
+  [[nodiscard]] bool valid() const noexcept { return generation_ != 0; }
+  bool operator==(const Request&) const = default;
+
+ private:
+  friend class p2p::Comm;
+  Request(std::uint64_t comm, std::uint32_t index, std::uint32_t generation) noexcept
+      : comm_(comm), index_(index), generation_(generation) {}
+  std::uint64_t comm_ = 0;  // the communicator's serial number in its process
+  std::uint32_t index_ = 0;
+  std::uint32_t generation_ = 0;
+};
+
+// What posting an operation gives: kOk and the request, or why nothing was posted (and an
+// empty request).
+struct [[nodiscard]] Posted {
+  Status status = Status::kOk;
+  Request request;
+};
 
 inline constexpr std::size_t kMaxRecvBuffers = 8;
 // Requests one communicator keeps in flight; one more is refused with kRetry.
@@ -54,14 +79,17 @@ struct Handle {
   static Handle from_bytes(std::span<const std::byte> data);
 };
 
-// A registration made on a communicator. Cheap to copy; invalid once deregistered.
+// A registration made on a communicator, and usable on that one only. Cheap to copy; names
+// nothing once deregistered (a post with it returns kInvalid).
 class MemoryRegion {
  public:
   MemoryRegion() = default;
+  // Whether register_memory gave it (a default-constructed region was not).
   [[nodiscard]] bool valid() const noexcept { return generation_ != 0; }
 
  private:
   friend class p2p::Comm;
+  std::uint64_t comm_ = 0;  // the communicator's serial number in its process
   std::uint32_t slot_ = 0;
   std::uint32_t generation_ = 0;
 };
@@ -109,11 +137,12 @@ class Communicator {
   // must stay allocated until those requests are done. Deregister before freeing the memory.
   void deregister(MemoryRegion region);
 
-  // Makes progress; `done` turns true once the request finished, and the request is released
-  // then: the returned status is its outcome (kOk or an error; last_error() says why). While
-  // it runs, returns kOk with done == false. `sizes` receives the delivered size of each buffer
-  // of a receive (or the size sent).
-  Status test(Request* request, bool& done, std::span<std::size_t> sizes = {});
+  // Makes progress. kInProgress while the request runs. Once it finished, its outcome (kOk,
+  // or an error that last_error() explains), and the handle names nothing from then on.
+  // `sizes` receives the delivered size of each buffer of a receive (or the size sent).
+  // kInvalid (last_error() says which) for a handle that names no pending request of this
+  // communicator: empty, already reported done, or another communicator's.
+  [[nodiscard]] Status test(Request request, std::span<std::size_t> sizes = {});
   // test() until done. A peer that stays silent for LOOM_PEER_TIMEOUT_MS (dead, unreachable, or
   // stopped) fails the request (kPeerError). A live process answers whatever its application
   // does: its context progresses the lanes nobody else does in the background (a thread that
@@ -121,18 +150,21 @@ class Communicator {
   // it: wait returns kInProgress once `timeout` passed, the request still pending (test or wait
   // on it again). While nothing completes it yields the CPU, then sleeps in steps of up to a
   // millisecond.
-  Status wait(Request* request, std::span<std::size_t> sizes = {},
-              std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
+  [[nodiscard]] Status wait(Request request, std::span<std::size_t> sizes = {},
+                            std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
 
-  // Cancels pending requests (their handles become invalid), tells the peer how far this side
-  // got, and releases the communicator's share of its lane. Safe with requests in flight;
-  // idempotent. What the peer's pending requests become (see the README's Failures section):
-  // a message this side had received, or had handed to the provider whole, still completes
-  // over there with its own outcome; the others fail with kPeerError. Returns once the
-  // provider handed back this side's operations and the writes the peer had posted into this
-  // side's buffers arrived, unless the peer is lost (silent for LOOM_PEER_TIMEOUT_MS): then
-  // this side's buffers are its own again. The close notice leaves in the background where the
-  // provider cannot take it yet (the lane stays open for it, up to LOOM_PEER_TIMEOUT_MS).
+  // Cancels pending requests (their handles name nothing from then on), tells the peer how far
+  // this side got, and releases the communicator's share of its lane. Safe with requests in
+  // flight; idempotent; the destructor calls it. It blocks while the peer's writes into this
+  // side's buffers may still arrive: up to LOOM_PEER_TIMEOUT_MS (10 s by default) when the peer
+  // is stopped or unreachable, and about a round trip when it is alive. What the peer's pending
+  // requests become (see the README's Failures section): a message this side had received, or had
+  // handed to the provider whole, still completes over there with its own outcome; the others fail
+  // with kPeerError. Returns once the provider handed back this side's operations and the writes
+  // the peer had posted into this side's buffers arrived, unless the peer is lost (silent for
+  // LOOM_PEER_TIMEOUT_MS): then this side's buffers are its own again. The close notice leaves in
+  // the background where the provider cannot take it yet (the lane stays open for it, up to
+  // LOOM_PEER_TIMEOUT_MS).
   void close();
 
   [[nodiscard]] const std::string& last_error() const noexcept;
@@ -140,31 +172,42 @@ class Communicator {
 
  protected:
   Communicator(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
+  // What a post gives the user: the handle of `request` where `status` is kOk.
+  [[nodiscard]] Posted posted(Status status, const p2p::Request* request) const;
   // The context (lane registry, NICs) outlives the communicator: close() lets go of it last.
   std::shared_ptr<p2p::ContextCore> context_;
   std::unique_ptr<p2p::Comm> comm_;
 };
 
+// Only the library makes communicators (Listener::accept, Connector::poll): this key opens
+// their constructors to it alone, while std::make_unique can still call them.
+class CommKey {
+  friend class p2p::ListenerState;
+  friend class p2p::ConnectorState;
+  CommKey() = default;
+};
+
 class SendComm final : public Communicator {
  public:
-  SendComm(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
-  // kOk: `request` is set. kRetry: too many requests in flight, test some and try again.
+  SendComm(CommKey, std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
+  // kOk and the request. kRetry: too many requests in flight, test some and try again.
   // kInvalid: bad region/buffer, a message larger than the NICs take
-  // (NicDescription::max_message_size), or a closed communicator (last_error() says which).
-  Status isend(const void* data, std::size_t size, Tag tag, MemoryRegion region, Request*& request);
+  // (NicDescription::max_message_size), or a closed communicator. kPeerError: the peer is gone.
+  // last_error() says which.
+  Posted isend(const void* data, std::size_t size, Tag tag, MemoryRegion region);
 };
 
 class RecvComm final : public Communicator {
  public:
-  RecvComm(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
+  RecvComm(CommKey, std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
   // Posts 1..kMaxRecvBuffers buffers for the next as many messages: each message goes into the
   // buffer of this call whose tag is its own, whatever order they were sent in (equal tags
   // fill their buffers in send order); one whose tag no free buffer has fails on both sides.
-  Status irecv(std::span<const RecvBuffer> buffers, Request*& request);
+  Posted irecv(std::span<const RecvBuffer> buffers);
   // Makes data received into `buffers` visible to the device (GPUDirect RDMA): a small read
-  // of a device buffer through each data rail. Sets `request` to nullptr when there is nothing
-  // to do: host memory (unless LOOM_FORCE_FLUSH is set), or LOOM_GPU_FLUSH=0.
-  Status iflush(std::span<const RecvBuffer> buffers, Request*& request);
+  // of a device buffer through each data rail. Where there is nothing to do (host memory
+  // unless LOOM_FORCE_FLUSH is set, or LOOM_GPU_FLUSH=0) the request is done at its first test.
+  Posted iflush(std::span<const RecvBuffer> buffers);
 };
 
 struct ListenerStats {
@@ -265,22 +308,6 @@ struct ContextStats {
   // LOOM_PEER_TIMEOUT_MS passed. Not in `lanes`.
   std::size_t closing_lanes = 0;
 };
-
-// The libfabric provider parameters loom recommends for the providers `config` names
-// (LOOM_PROVIDER, else FI_PROVIDER; all of them when it names none). Providers read their
-// parameters only from the environment, and loom never writes it (a write races every other
-// thread reading it): an application that wants them sets those its environment lacks before
-// it starts threads or makes a Context, as fi_p2p_bw does. loom logs (info) the ones missing when
-// its first context opens.
-[[nodiscard]] std::vector<ProviderSetting> recommended_provider_settings(
-    const Config& config = Config::from_env());
-
-// For a launcher or supervisor whose loom process was killed with its endpoints open: removes
-// what that process left on this host for later ones to trip over (the shm provider's regions
-// in /dev/shm, 16 MB each, which make a later process given the same pid fail to open its
-// endpoints). Does nothing while process `pid` exists, an unreaped child included: call it
-// after waitpid. Returns how many objects it removed.
-std::size_t remove_process_leftovers(int pid) noexcept;
 
 class Context {
  public:

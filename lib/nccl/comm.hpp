@@ -1,6 +1,6 @@
 // The objects behind NCCL's opaque pointers (listen comm, send/recv comm, memory handle,
 // request, v11 init context) and the version-neutral operations the ncclNet tables call.
-// Every operation returns an abi::Result and never throws: see guard() in ops.cpp.
+// Every operation returns an abi::Result and never throws: see guard() in guard.hpp.
 #pragma once
 
 #include <array>
@@ -35,7 +35,7 @@ class NetComm;
 // communicator. Requests live in their communicator's fixed pool (no allocation per message).
 struct NetRequest {
   NetComm* comm = nullptr;
-  Request* inner = nullptr;
+  Request inner;
   int buffers = 0;  // receives: buffers posted; sends: 1
   std::size_t send_size = 0;
 };

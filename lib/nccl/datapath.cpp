@@ -17,7 +17,7 @@ NetRequest* NetComm::take() noexcept {
 }
 
 void NetComm::give_back(NetRequest* request) noexcept {
-  request->inner = nullptr;
+  request->inner = {};
   request->comm = nullptr;
   free_[free_count_++] = static_cast<std::uint16_t>(request - requests_.data());
 }
@@ -68,12 +68,13 @@ abi::Result isend(void* send_comm, void* data, std::size_t size, int tag, void* 
     NetComm& comm = expect<NetComm>(send_comm, Kind::kSend, "send comm");
     NetRequest* slot = comm.take();
     if (slot == nullptr) return abi::kSuccess;  // every slot pending: NCCL retries
-    const Status status =
-        comm.send().isend(data, size, static_cast<Tag>(tag), region_of(mhandle, comm), slot->inner);
+    const auto [status, posted] =
+        comm.send().isend(data, size, static_cast<Tag>(tag), region_of(mhandle, comm));
     if (status != Status::kOk) {
       comm.give_back(slot);
       return status == Status::kRetry ? abi::kSuccess : data_error("isend", comm, status);
     }
+    slot->inner = posted;
     slot->buffers = 1;
     slot->send_size = size;
     *request = slot;
@@ -100,12 +101,12 @@ abi::Result irecv(void* recv_comm, int n, void** data, const std::size_t* sizes,
     }
     NetRequest* slot = comm.take();
     if (slot == nullptr) return abi::kSuccess;
-    const Status status =
-        comm.recv().irecv({buffers.data(), static_cast<std::size_t>(n)}, slot->inner);
+    const auto [status, posted] = comm.recv().irecv({buffers.data(), static_cast<std::size_t>(n)});
     if (status != Status::kOk) {
       comm.give_back(slot);
       return status == Status::kRetry ? abi::kSuccess : data_error("irecv", comm, status);
     }
+    slot->inner = posted;
     slot->buffers = n;
     *request = slot;
     return abi::kSuccess;
@@ -129,16 +130,18 @@ abi::Result iflush(void* recv_comm, int n, void** data, const int* sizes, void**
     }
     NetRequest* slot = comm.take();
     if (slot == nullptr) return abi::kSuccess;
-    const Status status =
-        comm.recv().iflush({buffers.data(), static_cast<std::size_t>(n)}, slot->inner);
+    const auto [status, posted] = comm.recv().iflush({buffers.data(), static_cast<std::size_t>(n)});
     if (status != Status::kOk) {
       comm.give_back(slot);
       return status == Status::kRetry ? abi::kSuccess : data_error("iflush", comm, status);
     }
-    if (slot->inner == nullptr) {  // host memory: nothing to flush, NULL request means done
+    // Host memory: loom's flush has nothing to do and is done at once. NCCL reads a NULL
+    // request as a flush done.
+    if (const Status first = comm.recv().test(posted); first != Status::kInProgress) {
       comm.give_back(slot);
-      return abi::kSuccess;
+      return first == Status::kOk ? abi::kSuccess : data_error("iflush", comm, first);
     }
+    slot->inner = posted;
     slot->buffers = 0;
     *request = slot;
     return abi::kSuccess;
@@ -150,13 +153,12 @@ abi::Result test(void* request, int* done, int* sizes) {
     if (request == nullptr || done == nullptr) throw InvalidArgument("NULL request or done");
     auto* slot = static_cast<NetRequest*>(request);
     NetComm* comm = slot->comm;
-    if (comm == nullptr || slot->inner == nullptr) throw InvalidArgument("not a pending request");
+    if (comm == nullptr || !slot->inner.valid()) throw InvalidArgument("not a pending request");
     std::array<std::size_t, kMaxRecvBuffers> delivered{};
-    bool finished = false;
     const std::size_t count = static_cast<std::size_t>(std::max(slot->buffers, 1));
-    const Status status = comm->comm().test(slot->inner, finished, {delivered.data(), count});
-    *done = finished ? 1 : 0;
-    if (!finished) return status == Status::kOk ? abi::kSuccess : data_error("test", *comm, status);
+    const Status status = comm->comm().test(slot->inner, {delivered.data(), count});
+    *done = status == Status::kInProgress ? 0 : 1;
+    if (status == Status::kInProgress) return abi::kSuccess;
     const int buffers = slot->buffers;
     const std::size_t send_size = slot->send_size;
     const Kind kind = comm->kind();

@@ -74,7 +74,7 @@ Registry& Registry::get() {
 // they are destroyed after it at exit, so closing the contexts here may still log.
 Registry::Registry() {
   set_log_sink(nullptr, nullptr);
-  set_log_level("warn");
+  set_log_level(LogLevel::kWarn);
 }
 
 Registry::~Registry() {

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "loom/p2p.hpp"
+#include "loom/process.hpp"
 #include "ofi/selection.hpp"
 #include "p2p/context_core.hpp"
 #include "p2p/handshake.hpp"
@@ -46,13 +47,12 @@ namespace {
 const std::string kClosed = "the communicator is closed";
 }
 
-Status Communicator::test(Request* request, bool& done, std::span<std::size_t> sizes) {
-  done = false;
+Status Communicator::test(Request request, std::span<std::size_t> sizes) {
   if (!comm_) return Status::kInvalid;
-  return comm_->test(request, done, sizes);
+  return comm_->test(request, sizes);
 }
 
-Status Communicator::wait(Request* request, std::span<std::size_t> sizes,
+Status Communicator::wait(Request request, std::span<std::size_t> sizes,
                           std::chrono::milliseconds timeout) {
   if (!comm_) return Status::kInvalid;
   return comm_->wait(request, sizes, timeout);
@@ -72,29 +72,38 @@ CommStats Communicator::stats() const {
   return comm_ ? comm_->stats() : CommStats{};
 }
 
-SendComm::SendComm(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm)
-    : Communicator(std::move(context), std::move(comm)) {}
-
-Status SendComm::isend(const void* data, std::size_t size, Tag tag, MemoryRegion region,
-                       Request*& request) {
-  request = nullptr;
-  if (!comm_) return Status::kInvalid;
-  return static_cast<p2p::SendCommImpl&>(*comm_).isend(data, size, tag, region, request);
+Posted Communicator::posted(Status status, const p2p::Request* request) const {
+  return {status, status == Status::kOk ? comm_->handle_of(*request) : Request{}};
 }
 
-RecvComm::RecvComm(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm)
+SendComm::SendComm(CommKey /*key*/, std::shared_ptr<p2p::ContextCore> context,
+                   std::unique_ptr<p2p::Comm> comm)
     : Communicator(std::move(context), std::move(comm)) {}
 
-Status RecvComm::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
-  request = nullptr;
-  if (!comm_) return Status::kInvalid;
-  return static_cast<p2p::RecvCommImpl&>(*comm_).irecv(buffers, request);
+Posted SendComm::isend(const void* data, std::size_t size, Tag tag, MemoryRegion region) {
+  if (!comm_) return {Status::kInvalid, {}};
+  p2p::Request* request = nullptr;
+  const Status status =
+      static_cast<p2p::SendCommImpl&>(*comm_).isend(data, size, tag, region, request);
+  return posted(status, request);
 }
 
-Status RecvComm::iflush(std::span<const RecvBuffer> buffers, Request*& request) {
-  request = nullptr;
-  if (!comm_) return Status::kInvalid;
-  return static_cast<p2p::RecvCommImpl&>(*comm_).iflush(buffers, request);
+RecvComm::RecvComm(CommKey /*key*/, std::shared_ptr<p2p::ContextCore> context,
+                   std::unique_ptr<p2p::Comm> comm)
+    : Communicator(std::move(context), std::move(comm)) {}
+
+Posted RecvComm::irecv(std::span<const RecvBuffer> buffers) {
+  if (!comm_) return {Status::kInvalid, {}};
+  p2p::Request* request = nullptr;
+  const Status status = static_cast<p2p::RecvCommImpl&>(*comm_).irecv(buffers, request);
+  return posted(status, request);
+}
+
+Posted RecvComm::iflush(std::span<const RecvBuffer> buffers) {
+  if (!comm_) return {Status::kInvalid, {}};
+  p2p::Request* request = nullptr;
+  const Status status = static_cast<p2p::RecvCommImpl&>(*comm_).iflush(buffers, request);
+  return posted(status, request);
 }
 
 // ---- listener and connector ----

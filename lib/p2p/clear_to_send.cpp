@@ -231,7 +231,7 @@ void RecvCommImpl::repeat_clearances(std::uint32_t from) {
                      .group_size = a.group_size};
     std::fill_n(batch_.keys_of(batch_.count - 1), data_rails_, 0);
     const PartRef& ref = part_ref(seq);
-    if (ref.request != nullptr && ref.request->in_use && ref.part < ref.request->part_count) {
+    if (ref.request != nullptr && ref.request->in_use() && ref.part < ref.request->part_count) {
       const Part& part = ref.request->parts[ref.part];
       if (part.seq == seq && part.registration != nullptr && !terminal(part.recv)) {
         entry.address = part.registration->remote_address(part.data);
@@ -312,7 +312,8 @@ void SendCommImpl::settle_group(std::uint32_t seq) {
   for (std::uint32_t message = first; message != first + own.group_size; ++message) {
     if (!seq_before(message, next_seq_)) return;  // not posted yet
     Request* r = posted(message);
-    if (r == nullptr || !r->in_use || r->kind != RequestKind::kSend || r->parts[0].seq != message) {
+    if (r == nullptr || !r->in_use() || r->kind != RequestKind::kSend ||
+        r->parts[0].seq != message) {
       continue;  // finished, so placed already
     }
     if (r->parts[0].send == SendState::kAwaitingClearance) {
@@ -354,8 +355,7 @@ void SendCommImpl::place(Request& r) {
 
 bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {
   bool any = false;
-  for (const Request& r : requests_.built()) {
-    if (!r.in_use || r.kind != RequestKind::kSend) continue;
+  for (const Request& r : requests_.in_use(RequestKind::kSend)) {
     const SendState state = r.parts[0].send;
     if (state != SendState::kAwaitingClearance && state != SendState::kSentAhead) continue;
     if (!any || seq_before(r.parts[0].seq, oldest)) oldest = r.parts[0].seq;

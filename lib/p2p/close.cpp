@@ -154,8 +154,7 @@ bool Comm::gave_up_on_peer() const noexcept {
 // the message failed with a verdict the receiver reaches too.
 CloseNotice SendCommImpl::close_notice(CloseReason reason) {
   std::vector<std::uint32_t> unfinished;
-  for (const Request& r : requests_.built()) {
-    if (!r.in_use || r.kind != RequestKind::kSend) continue;
+  for (const Request& r : requests_.in_use(RequestKind::kSend)) {
     const Part& part = r.parts[0];
     const bool told = r.ready_to_send == ReadyToSendState::kNotNeeded ||
                       r.ready_to_send == ReadyToSendState::kSent;
@@ -214,9 +213,9 @@ void SendCommImpl::send_writes_posted() {
 
 void SendCommImpl::fail_unfinished(const CloseNotice& notice, Status status,
                                    const std::string& why) {
-  for (Request& r : requests_.built()) {
+  for (Request& r : requests_.in_use(RequestKind::kSend)) {
     Part& part = r.parts[0];
-    if (!r.in_use || r.kind != RequestKind::kSend || terminal(part.send)) continue;
+    if (terminal(part.send)) continue;
     // Arrived over there: its own completions finish it, with their outcome. The notice names
     // buffers: a message not placed in one never left; one sent ahead and not placed yet names
     // its own number, as the receiver's notice does for a grouped receive's buffer it took.
@@ -231,9 +230,9 @@ void SendCommImpl::fail_unfinished(const CloseNotice& notice, Status status,
 // The receiver said it had these messages: they are delivered, whether or not the provider
 // ever hands back their sends (shm needs the peer's progress for that).
 void SendCommImpl::settle_after_close() {
-  for (Request& r : requests_.built()) {
+  for (Request& r : requests_.in_use(RequestKind::kSend)) {
     Part& part = r.parts[0];
-    if (!r.in_use || r.kind != RequestKind::kSend || terminal(part.send)) continue;
+    if (terminal(part.send)) continue;
     const bool sent = part.send == SendState::kSentAhead ||
                       part.send == SendState::kEagerInFlight || part.send == SendState::kWriting;
     if (sent && r.status == Status::kOk) {
@@ -252,8 +251,7 @@ void SendCommImpl::settle_after_close() {
 CloseNotice RecvCommImpl::close_notice(CloseReason reason) {
   bool told_of_unfinished = false;
   std::vector<std::uint32_t> unfinished;
-  for (const Request& r : requests_.built()) {
-    if (!r.in_use || r.kind != RequestKind::kRecv) continue;
+  for (const Request& r : requests_.in_use(RequestKind::kRecv)) {
     for (std::size_t i = 0; i < r.part_count; ++i) {
       const Part& part = r.parts[i];
       // Arrived: its announcement, with the verdict, goes before this notice.
@@ -294,8 +292,7 @@ void RecvCommImpl::on_writes_posted(std::span<const std::byte> body) {
 void RecvCommImpl::fail_unfinished(const CloseNotice& notice, Status status,
                                    const std::string& why) {
   if (peer_ == PeerState::kClosed) writes_posted_ = notice.writes_posted;  // the sender's notice
-  for (Request& r : requests_.built()) {
-    if (!r.in_use || r.kind != RequestKind::kRecv) continue;
+  for (Request& r : requests_.in_use(RequestKind::kRecv)) {
     for (std::size_t i = 0; i < r.part_count; ++i) {
       Part& part = r.parts[i];
       // The sender handed the message over whole: it is on its way. One that came ahead into a

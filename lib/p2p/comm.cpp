@@ -36,7 +36,7 @@ std::size_t eager_limit(std::size_t configured, std::size_t max_msg_size,
 
 void Request::on_completion(ofi::OpContext& op, const ofi::Completion& completion) {
   comm->on_op(*this, op_index(op), completion);
-  if (released && ops_outstanding == 0) [[unlikely]]
+  if (record == RecordState::kReleased && ops_outstanding == 0) [[unlikely]]
     comm->release_regions(*this);
 }
 
@@ -55,6 +55,7 @@ Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::ui
       lane_(&lane),
       direction_(direction),
       peer_context_(peer),
+      serial_(core.next_comm_serial()),
       // Both directions use it: no eager send, and no eager receive, past it.
       paced_above_(
           settings_.peer_isolation ? lane.rails().data(0).nic().attributes().peer_paced_above : 0),
@@ -107,7 +108,7 @@ void Comm::abandon_registrations() noexcept {
 
 bool Comm::drained() const noexcept {
   for (const Request& r : requests_.built())
-    if (r.in_use && r.ops_outstanding != 0) return false;
+    if (r.in_use() && r.ops_outstanding != 0) return false;
   return true;
 }
 
@@ -133,8 +134,9 @@ void Comm::connect_peer(const LaneAddresses& peer) {
   peer_id_ = peer.comm;
   peer_lane_ = peer.lane;
   inject_max_ = settings_.inject_max;
-  carry_control_ = settings_.carry_control == 2 ||
-                   (settings_.carry_control == 1 && rails.data(0).nic().attributes().carry_control);
+  carry_control_ = settings_.carry_control == CarryControl::kAlways ||
+                   (settings_.carry_control == CarryControl::kWhereItHelps &&
+                    rails.data(0).nic().attributes().carry_control);
   inject_size_ = rails.data(0).nic().attributes().inject_size;
   min_carrier_ = rails.data(0).nic().attributes().min_carrier_bytes;
   for (std::size_t i = 0; i < data_rails_; ++i) {
@@ -169,6 +171,7 @@ MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryTyp
   // Generations start at 1 and never repeat for a slot: a stale region cannot pass lookup().
   entry.generation = entry.generation + 1;
   MemoryRegion region;
+  region.comm_ = serial_;
   region.slot_ = slot;
   region.generation_ = entry.generation;
   return region;
@@ -179,7 +182,7 @@ MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryTyp
 // comes). The handle is invalid from now on either way.
 void Comm::deregister(MemoryRegion region) {
   std::lock_guard lock(lane_->mutex());
-  if (region.slot_ >= registrations_.size()) return;
+  if (region.comm_ != serial_ || region.slot_ >= registrations_.size()) return;
   Registration& entry = registrations_[region.slot_];
   if (entry.registration == nullptr || entry.deregistered ||
       entry.generation != region.generation_) {
@@ -221,10 +224,13 @@ void Comm::release_regions(Request& request) noexcept {
 
 const ofi::MemoryRegistration* Comm::lookup(const MemoryRegion& region, const void* data,
                                             std::size_t size) {
-  if (region.slot_ >= registrations_.size() ||
+  if (region.comm_ != serial_ || region.slot_ >= registrations_.size() ||
       registrations_[region.slot_].registration == nullptr ||
       registrations_[region.slot_].generation != region.generation_) [[unlikely]] {
-    reject(Status::kInvalid, "the memory region is not registered on this communicator");
+    reject(Status::kInvalid, !region.valid()           ? "an empty memory region"
+                             : region.comm_ != serial_ ? "the memory region was registered on "
+                                                         "another communicator"
+                                                       : "the memory region is deregistered");
     return nullptr;
   }
   const Registration& entry = registrations_[region.slot_];
@@ -253,8 +259,8 @@ Request* Comm::allocate(RequestKind kind) {
   if (idle) since_check_ = SinceCheck::kWaitBegan;
   Request& r = *taken;
   r.kind = kind;
-  r.in_use = true;
-  r.released = false;
+  r.record = RecordState::kPending;
+  if (++r.generation == 0) r.generation = 1;  // 0 is the empty handle's
   r.backpressured = false;
   r.part_count = 0;
   r.ops_outstanding = 0;
@@ -284,7 +290,7 @@ void Comm::on_deferred() {
   retrying_.swap(retry_);
   for (Request* r : retrying_) {
     r->backpressured = false;
-    if (r->in_use) advance(*r);
+    if (r->in_use()) advance(*r);
   }
   retrying_.clear();
 }
@@ -338,17 +344,35 @@ Status Comm::refuse_batch(const char* what) {
   return Status::kError;
 }
 
-Status Comm::test(Request* request, bool& done, std::span<std::size_t> sizes) {
-  std::size_t handled = 0;
-  return poll(request, done, sizes, handled);
+loom::Request Comm::handle_of(const Request& request) const noexcept {
+  return {serial_, requests_.index_of(request), request.generation};
 }
 
-Status Comm::poll(Request* request, bool& done, std::span<std::size_t> sizes,
-                  std::size_t& handled) {
-  done = false;
-  if (!requests_.owns(request) || !request->in_use || request->released) [[unlikely]] {
-    return reject(Status::kInvalid, "test: not a pending request of this communicator");
+// Only the user's thread changes what this reads (posts and reports), so it needs no lock.
+Request* Comm::find(const loom::Request& handle, const char* operation) {
+  Request* r = handle.comm_ == serial_ ? requests_.at(handle.index_) : nullptr;
+  if (r != nullptr && r->generation == handle.generation_ && r->record == RecordState::kPending)
+      [[likely]] {
+    return r;
   }
+  const char* why = !handle.valid()           ? "an empty request handle"
+                    : handle.comm_ != serial_ ? "a request of another communicator"
+                    : r == nullptr            ? "not a request of this communicator"
+                                              : "a request already reported done";
+  reject(Status::kInvalid, std::string(operation) + ": " + why);
+  return nullptr;
+}
+
+Status Comm::test(const loom::Request& handle, std::span<std::size_t> sizes) {
+  Request* request = find(handle, "test");
+  if (request == nullptr) [[unlikely]]
+    return Status::kInvalid;
+  std::size_t handled = 0;
+  return poll(*request, sizes, handled);
+}
+
+Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled) {
+  Request* request = &r;
   std::unique_lock lock(lane_->mutex());
   // An earlier CQ read may already have finished it: only poll (a system call on some
   // providers) for requests still pending.
@@ -369,9 +393,8 @@ Status Comm::poll(Request* request, bool& done, std::span<std::size_t> sizes,
     if (handled == 0 && (++idle_polls_ & (kIdlePollsPerKick - 1)) == 0) {
       lanes_.progress_another(*lane_);
     }
-    return Status::kOk;
+    return Status::kInProgress;
   }
-  done = true;
   for (std::size_t i = 0; i < sizes.size() && i < request->part_count; ++i) {
     sizes[i] = request->parts[i].delivered;
   }
@@ -387,29 +410,31 @@ Status Comm::poll(Request* request, bool& done, std::span<std::size_t> sizes,
   if (request->ops_outstanding != 0) {
     // The provider still holds it: out of the pool for good, its regions held until the
     // provider hands it back (if ever).
-    request->released = true;
+    request->record = RecordState::kReleased;
     return status;
   }
   release_regions(*request);
-  request->in_use = false;
+  request->record = RecordState::kFree;
   requests_.give_back(*request);
   return status;
 }
 
 // A dead peer fails the request through check_peer(), so waiting is testing, bounded by the
 // caller's timeout, with the CPU given up while nothing happens.
-Status Comm::wait(Request* request, std::span<std::size_t> sizes,
+Status Comm::wait(const loom::Request& handle, std::span<std::size_t> sizes,
                   std::chrono::milliseconds timeout) {
+  Request* request = find(handle, "wait");
+  if (request == nullptr) [[unlikely]]
+    return Status::kInvalid;
   using Clock = std::chrono::steady_clock;
   const auto deadline = timeout == std::chrono::milliseconds::max() ? Clock::time_point::max()
                                                                     : Clock::now() + timeout;
   unsigned empty_polls = 0;
   auto sleep = std::chrono::duration_cast<std::chrono::nanoseconds>(kFirstSleep);
   for (unsigned polls = 1;; ++polls) {
-    bool done = false;
     std::size_t handled = 0;
-    const Status status = poll(request, done, sizes, handled);
-    if (done || status != Status::kOk) return status;
+    const Status status = poll(*request, sizes, handled);
+    if (status != Status::kInProgress) return status;
     if ((polls & (kPollsPerClockRead - 1)) == 0 && Clock::now() >= deadline) [[unlikely]] {
       return reject(Status::kInProgress, "wait: the request is still pending after " +
                                              std::to_string(timeout.count()) + " ms");
@@ -444,7 +469,7 @@ CommStats Comm::stats() const {
 
 void Comm::fail_all(Status status, const std::string& text) {
   for (Request& r : requests_.built()) {
-    if (!r.in_use || r.decided()) continue;  // a decided request keeps its outcome
+    if (!r.in_use() || r.decided()) continue;  // a decided request keeps its outcome
     bool failed = false;
     for (std::size_t i = 0; i < r.part_count; ++i) {
       fail_part(r, r.parts[i], status);

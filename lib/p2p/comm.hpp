@@ -54,7 +54,7 @@ struct CommSettings {
   std::size_t eager_max = 0;
   std::optional<std::size_t> eager_credits;  // none: the data rail's provider profile decides
   std::size_t inject_max = 0;
-  unsigned carry_control = 0;  // LOOM_CARRY_CONTROL
+  CarryControl carry_control = CarryControl::kNever;
   std::size_t min_stripe = 0;
   std::chrono::milliseconds peer_timeout{0};
   bool peer_isolation = true;
@@ -80,11 +80,15 @@ class Comm : public mux::CommPort {
 
   MemoryRegion register_memory(const void* data, std::size_t size, MemoryType type, int device);
   void deregister(MemoryRegion region);
-  Status test(Request* request, bool& done, std::span<std::size_t> sizes);
+  // The user's handle of a request it posted (valid while the request is kPending).
+  [[nodiscard]] loom::Request handle_of(const Request& request) const noexcept;
+  // kInProgress while the request runs, its outcome once done (see loom::Communicator::test).
+  Status test(const loom::Request& handle, std::span<std::size_t> sizes);
   // test() until done; kInProgress once `timeout` passed with the request still pending. Backs
   // off (yield, then short sleeps) while nothing completes, so a wait for a peer that is slow
   // to post leaves the CPU to others.
-  Status wait(Request* request, std::span<std::size_t> sizes, std::chrono::milliseconds timeout);
+  Status wait(const loom::Request& handle, std::span<std::size_t> sizes,
+              std::chrono::milliseconds timeout);
   [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
   [[nodiscard]] CommStats stats() const;
 
@@ -144,7 +148,7 @@ class Comm : public mux::CommPort {
   // Inline: test() asks it once or twice per call. Every part is decided, and the provider
   // holds none of the request's operations, except sends to a peer that is gone: those may
   // never complete (shm waits for the peer to take them), and a send only reads its buffer
-  // (see Request::released). A receive is never reported while the provider may still write
+  // (see RecordState::kReleased). A receive is never reported while the provider may still write
   // into its buffer.
   [[nodiscard]] bool finished(const Request& r) const noexcept {
     if (!r.decided()) return false;
@@ -196,8 +200,10 @@ class Comm : public mux::CommPort {
   // Closing: whether writes the peer posted towards this side may still be arriving (see
   // WritesPosted); close() keeps the lane's endpoints until they did, or the peer timed out.
   [[nodiscard]] virtual bool writes_may_arrive() const noexcept { return false; }
+  // The pending request `handle` names, or nullptr with last_error_ saying why not.
+  Request* find(const loom::Request& handle, const char* operation);
   // One test() pass; `handled` counts the completions it processed.
-  Status poll(Request* request, bool& done, std::span<std::size_t> sizes, std::size_t& handled);
+  Status poll(Request& request, std::span<std::size_t> sizes, std::size_t& handled);
   // Pings and pongs: true when `header` was one (and consumed). Anything from the peer is a
   // sign of life.
   bool on_liveness(const mux::ControlHeader& header, std::span<const std::byte> body);
@@ -236,6 +242,8 @@ class Comm : public mux::CommPort {
   mux::Lane* lane_;
   mux::Direction direction_;
   std::uint64_t peer_context_;
+  // Unique in the process: what the user's request and region handles must carry.
+  std::uint64_t serial_;
   mux::CommId id_ = 0;
   mux::CommId peer_id_ = 0;
   std::uint64_t peer_lane_ = 0;  // the peer communicator's lane, in its context

@@ -24,6 +24,7 @@ ContextCore::ContextCore(const Config& config) : config_(config), rng_(random_se
   config_.validate();
   util::set_log_level(config_.log_level);
   id_ = rng_() | 1;  // never 0
+  comm_serials_ = id_;
   nics_ = ofi::open_nics(config_);
   for (auto& nic : nics_) nic_pointers_.push_back(nic.get());
   if (nics_.size() > 1 && config_.nics.empty()) order_nics_by_locality();

@@ -5,6 +5,7 @@
 // functions of what it holds.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -37,12 +38,18 @@ class ContextCore final {
   // Listeners draw their nonces here, with the bootstrap mutex held (which guards the
   // generator).
   std::uint64_t random() { return rng_(); }
+  // A number no other communicator of this process gets: serials count up from the context's
+  // random id, so those of two contexts collide only if their ids fall within a count apart.
+  std::uint64_t next_comm_serial() noexcept {
+    return comm_serials_.fetch_add(1, std::memory_order_relaxed);
+  }
 
  private:
   void order_nics_by_locality();
 
   Config config_;
   std::uint64_t id_;
+  std::atomic<std::uint64_t> comm_serials_;
   std::mt19937_64 rng_;
   // Declaration order is teardown order, reversed: the bootstrap endpoint, lanes, then the
   // NICs they all live on.

@@ -139,7 +139,7 @@ std::size_t SendCommImpl::fill_carrier(const Part& part) {
 void SendCommImpl::send_ahead_waiting() {
   for (; seq_before(ahead_next_, next_seq_) && credits_ != 0; ++ahead_next_) {
     Request* r = posted(ahead_next_);
-    if (r == nullptr || !r->in_use || r->kind != RequestKind::kSend ||
+    if (r == nullptr || !r->in_use() || r->kind != RequestKind::kSend ||
         r->parts[0].seq != ahead_next_ || r->parts[0].send != SendState::kAwaitingClearance) {
       continue;
     }
@@ -158,7 +158,7 @@ void SendCommImpl::send_ahead_waiting() {
 // its communicator: with others in flight the caller's tests read the lane anyway, and a read
 // in every isend cost a window of 64 small sends on shm 8-10% of its rate.
 void SendCommImpl::collect_clearance(Request& r) {
-  if (requests_.in_use() != 1) return;
+  if (requests_.in_use_count() != 1) return;
   lane_->drain_inbox();
   if (r.parts[0].send == SendState::kSentAhead) lane_->progress();
 }
@@ -320,7 +320,7 @@ void RecvCommImpl::deliver_held(Request& r, Part& part) {
 Request* RecvCommImpl::group_of(std::uint32_t message) const noexcept {
   const PartRef& ref = part_ref(message);
   Request* r = ref.request;
-  if (r == nullptr || !r->in_use || r->kind != RequestKind::kRecv || r->part_count < 2 ||
+  if (r == nullptr || !r->in_use() || r->kind != RequestKind::kRecv || r->part_count < 2 ||
       ref.part >= r->part_count || r->parts[ref.part].seq != message) {
     return nullptr;
   }

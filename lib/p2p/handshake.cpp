@@ -156,7 +156,7 @@ std::unique_ptr<RecvComm> ListenerState::accept() {
     throw;
   }
   ++stats_.accepted;
-  return std::make_unique<RecvComm>(core_, std::move(comm));
+  return std::make_unique<RecvComm>(CommKey(), core_, std::move(comm));
 }
 
 // ---- connector ----
@@ -233,7 +233,7 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
   if (accept_) {
     comm_->connect_peer(accept_->lane);
     done_ = true;
-    return std::make_unique<SendComm>(core_, std::move(comm_));
+    return std::make_unique<SendComm>(CommKey(), core_, std::move(comm_));
   }
   if (std::chrono::steady_clock::now() > deadline_) {
     fail(ETIMEDOUT, "no answer from the listener within LOOM_CONNECT_TIMEOUT_MS (" +

@@ -26,7 +26,7 @@ RecvCommImpl::Posted& RecvCommImpl::claim_posted(std::uint32_t seq) {
   return posted_.claim(seq, [this](const auto& slot) {
     const PartRef& ref = slot.entry.part;
     const Request* r = ref.request;
-    if (r != nullptr && r->in_use && r->kind == RequestKind::kRecv && ref.part < r->part_count &&
+    if (r != nullptr && r->in_use() && r->kind == RequestKind::kRecv && ref.part < r->part_count &&
         r->parts[ref.part].seq == slot.seq) {
       return true;
     }
@@ -96,14 +96,15 @@ Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& reque
     }
     device |= on_device;
   }
-  // Host memory is coherent with the NIC's writes: nothing to flush unless a test forces it.
-  // Device memory is flushed unless LOOM_GPU_FLUSH=0 says the platform makes the NIC's writes
-  // visible to the GPU at completion.
-  if (target == nullptr || !(settings_.force_flush || (device && settings_.gpu_flush))) {
-    return Status::kOk;
-  }
   Request* r = allocate(RequestKind::kFlush);
   if (r == nullptr) return reject(Status::kRetry, "iflush: too many requests in flight");
+  // Host memory is coherent with the NIC's writes: nothing to flush unless a test forces it.
+  // Device memory is flushed unless LOOM_GPU_FLUSH=0 says the platform makes the NIC's writes
+  // visible to the GPU at completion. Such a request has no part: done at its first test.
+  if (target == nullptr || !(settings_.force_flush || (device && settings_.gpu_flush))) {
+    request = r;
+    return Status::kOk;
+  }
   r->part_count = 1;
   r->parts[0] = Part{.data = static_cast<std::byte*>(target->data),
                      .size = target->size,

@@ -171,7 +171,7 @@ void SendCommImpl::fail_send(Request& r, const ofi::Completion& completion) {
 Part* RecvCommImpl::waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner,
                                  std::size_t* index) {
   const PartRef& ref = part_ref(seq);
-  if (ref.request == nullptr || !ref.request->in_use || ref.request->kind != RequestKind::kRecv ||
+  if (ref.request == nullptr || !ref.request->in_use() || ref.request->kind != RequestKind::kRecv ||
       ref.part >= ref.request->part_count) {
     return nullptr;
   }

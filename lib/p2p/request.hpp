@@ -1,6 +1,8 @@
 // A request is a pooled, fixed-size record of one isend, irecv (up to kMaxParts buffers) or
 // iflush. Its provider operations carry OpContexts that live inside it, so a request goes back
-// to the pool only when no operation of it is outstanding.
+// to the pool only when no operation of it is outstanding. The user holds a loom::Request, a
+// {communicator, index, generation} value that names the record only while the generation
+// matches and the record is kPending.
 #pragma once
 
 #include <array>
@@ -44,6 +46,12 @@ inline constexpr std::size_t kMaxOps = kMaxParts;
 
 enum class RequestKind : std::uint8_t { kSend, kRecv, kFlush };
 
+// kFree: in the pool. kPending: posted, and not yet reported done to the user. kReleased:
+// reported done while the provider still held operations of it (the peer is gone, and they may
+// never complete): its handle names nothing, and the record stays out of the pool until the
+// provider hands them back, if ever.
+enum class RecordState : std::uint8_t { kFree, kPending, kReleased };
+
 // Sends: whether the receiver needs a ready-to-send for this message, and where it stands.
 // kDropped: wanted, but nothing more will be sent for the message (a post failed).
 enum class ReadyToSendState : std::uint8_t { kNotNeeded, kWanted, kBatched, kSent, kDropped };
@@ -78,11 +86,9 @@ struct Part {
 
 struct Request final : ofi::CompletionHandler {
   Comm* comm = nullptr;
+  std::uint32_t generation = 0;  // new at every post: what the user's handle must match
   RequestKind kind = RequestKind::kSend;
-  bool in_use = false;
-  // Reported to the user while the provider still held operations of it (the peer is gone and
-  // they may never complete): the handle is dead, the record stays out of the pool.
-  bool released = false;
+  RecordState record = RecordState::kFree;
   bool backpressured = false;  // in the communicator's retry list
   std::uint8_t part_count = 0;
   std::uint8_t ops_outstanding = 0;
@@ -105,6 +111,8 @@ struct Request final : ofi::CompletionHandler {
   std::array<ofi::OpContext, kMaxOps> ops;
   std::string error;  // why status is not kOk (allocates only on errors)
 
+  // Posted and not back in the pool: pending, or released with operations still out.
+  [[nodiscard]] bool in_use() const noexcept { return record != RecordState::kFree; }
   void on_completion(ofi::OpContext& op, const ofi::Completion& completion) override;
   [[nodiscard]] std::size_t op_index(const ofi::OpContext& op) const noexcept {
     return static_cast<std::size_t>(&op - ops.data());
@@ -126,6 +134,42 @@ struct Request final : ofi::CompletionHandler {
   }
 };
 
+// The requests of one kind in use, out of all a pool built (RequestPool::in_use).
+template <typename R>
+class InUse {
+ public:
+  class Iterator {
+   public:
+    Iterator(R* at, R* end, RequestKind kind) noexcept : at_(at), end_(end), kind_(kind) { skip(); }
+    R& operator*() const noexcept { return *at_; }
+    Iterator& operator++() noexcept {
+      ++at_;
+      skip();
+      return *this;
+    }
+    bool operator==(const Iterator& other) const noexcept { return at_ == other.at_; }
+
+   private:
+    void skip() noexcept {
+      while (at_ != end_ && !(at_->in_use() && at_->kind == kind_)) ++at_;
+    }
+    R* at_;
+    R* end_;
+    RequestKind kind_;
+  };
+  InUse(std::span<R> all, RequestKind kind) noexcept : all_(all), kind_(kind) {}
+  [[nodiscard]] Iterator begin() const noexcept {
+    return {all_.data(), all_.data() + all_.size(), kind_};
+  }
+  [[nodiscard]] Iterator end() const noexcept {
+    return {all_.data() + all_.size(), all_.data() + all_.size(), kind_};
+  }
+
+ private:
+  std::span<R> all_;
+  RequestKind kind_;
+};
+
 // A communicator's requests. Their addresses never move (a request is the user's handle, and
 // its provider operations carry contexts inside it): the vector's capacity is reserved once and
 // never exceeded. Requests are built the first time they are needed, not with the
@@ -141,7 +185,7 @@ class RequestPool {
   RequestPool(const RequestPool&) = delete;
   RequestPool& operator=(const RequestPool&) = delete;
 
-  // A free request (in_use still false), or nullptr when all `capacity` are in use.
+  // A free request (still kFree), or nullptr when all `capacity` are in use.
   Request* take() {
     if (!free_.empty()) {
       Request* r = free_.back();
@@ -155,15 +199,23 @@ class RequestPool {
     return &r;
   }
   void give_back(Request& request) { free_.push_back(&request); }
-  // Whether `request` points at a request this pool built (any pointer may come in).
-  [[nodiscard]] bool owns(const Request* request) const noexcept {
-    const auto at = reinterpret_cast<std::uintptr_t>(request);
-    const auto first = reinterpret_cast<std::uintptr_t>(requests_.data());
-    return at >= first && at < first + requests_.size() * sizeof(Request) &&
-           (at - first) % sizeof(Request) == 0;
+  // The request built `index`-th, or nullptr (any index may come in: it is the user's).
+  [[nodiscard]] Request* at(std::uint32_t index) noexcept {
+    return index < requests_.size() ? &requests_[index] : nullptr;
+  }
+  [[nodiscard]] std::uint32_t index_of(const Request& request) const noexcept {
+    return static_cast<std::uint32_t>(&request - requests_.data());
+  }
+  // The requests of `kind` in use (pending, or released with operations out), to walk with
+  // a range-for that takes or gives back none.
+  [[nodiscard]] InUse<Request> in_use(RequestKind kind) noexcept { return {requests_, kind}; }
+  [[nodiscard]] InUse<const Request> in_use(RequestKind kind) const noexcept {
+    return {requests_, kind};
   }
   [[nodiscard]] bool all_free() const noexcept { return free_.size() == requests_.size(); }
-  [[nodiscard]] std::size_t in_use() const noexcept { return requests_.size() - free_.size(); }
+  [[nodiscard]] std::size_t in_use_count() const noexcept {
+    return requests_.size() - free_.size();
+  }
   [[nodiscard]] std::span<Request> built() noexcept { return requests_; }
   [[nodiscard]] std::span<const Request> built() const noexcept { return requests_; }
 

@@ -27,10 +27,8 @@ SendCommImpl::Outgoing& SendCommImpl::claim_outgoing(std::uint32_t seq) {
 
 std::uint32_t SendCommImpl::in_flight_floor() const noexcept {
   std::uint32_t oldest = next_seq_;
-  for (const Request& r : requests_.built()) {
-    if (r.in_use && r.kind == RequestKind::kSend && seq_before(r.parts[0].seq, oldest)) {
-      oldest = r.parts[0].seq;
-    }
+  for (const Request& r : requests_.in_use(RequestKind::kSend)) {
+    if (seq_before(r.parts[0].seq, oldest)) oldest = r.parts[0].seq;
   }
   return oldest - static_cast<std::uint32_t>(kMaxParts - 1);
 }

@@ -84,8 +84,21 @@ void set_log_sink(LogSink sink, void* user) noexcept {
   util::switch_sink()->set(sink, user);
 }
 
-void set_log_level(std::string_view level) {
-  util::set_log_level(level);
+void set_log_level(LogLevel level) noexcept {
+  switch (level) {
+    case LogLevel::kTrace:
+      return util::log().set_level(spdlog::level::trace);
+    case LogLevel::kDebug:
+      return util::log().set_level(spdlog::level::debug);
+    case LogLevel::kInfo:
+      return util::log().set_level(spdlog::level::info);
+    case LogLevel::kWarn:
+      return util::log().set_level(spdlog::level::warn);
+    case LogLevel::kError:
+      return util::log().set_level(spdlog::level::err);
+    case LogLevel::kOff:
+      return util::log().set_level(spdlog::level::off);
+  }
 }
 
 }  // namespace loom

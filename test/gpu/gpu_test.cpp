@@ -107,20 +107,24 @@ void receive_sizes(Channel& channel, Transfer how) {
   for (std::size_t size : kSizes) {
     ++seed;
     RecvBuffer target{buffer.data(), size, static_cast<Tag>(seed), region};
-    Request* request = nullptr;
-    require(comm->irecv({&target, 1}, request) == Status::kOk, "irecv: " + comm->last_error());
+    Request request;
+    require(post_into(comm->irecv({&target, 1}), request) == Status::kOk,
+            "irecv: " + comm->last_error());
     const std::size_t delivered = finish(*comm, request);
     require(delivered == size,
             std::to_string(size) + " bytes delivered as " + std::to_string(delivered));
     // As NCCL does before a kernel reads what arrived.
-    Request* flush = nullptr;
-    require(comm->iflush({&target, 1}, flush) == Status::kOk, "iflush: " + comm->last_error());
+    const auto reads_before = data_rail_reads(context);
+    Request flush;
+    require(post_into(comm->iflush({&target, 1}), flush) == Status::kOk,
+            "iflush: " + comm->last_error());
+    finish(*comm, flush);
     const bool flush_expected = !host_mode() && how.gpu_flush && size != 0;
-    require((flush != nullptr) == flush_expected,
-            std::string("iflush ") + (flush != nullptr ? "posted" : "skipped") + " its reads for " +
-                std::to_string(size) + " bytes (LOOM_GPU_FLUSH=" + (how.gpu_flush ? "1" : "0") +
-                ")");
-    if (flush != nullptr) finish(*comm, flush);
+    const bool read = data_rail_reads(context) != reads_before;
+    require(read == flush_expected, std::string("iflush ") + (read ? "posted" : "skipped") +
+                                        " its reads for " + std::to_string(size) +
+                                        " bytes (LOOM_GPU_FLUSH=" + (how.gpu_flush ? "1" : "0") +
+                                        ")");
     const std::string error = check_pattern(buffer.read(0, size), seed);
     require(error.empty(), std::to_string(size) + "-byte message: " + error);
   }
@@ -139,10 +143,10 @@ void send_sizes(Channel& channel, Transfer how) {
   for (std::size_t size : kSizes) {
     ++seed;
     buffer.write(0, pattern_bytes(size, seed));
-    Request* request = nullptr;
-    require(
-        comm->isend(buffer.data(), size, static_cast<Tag>(seed), region, request) == Status::kOk,
-        "isend: " + comm->last_error());
+    Request request;
+    require(post_into(comm->isend(buffer.data(), size, static_cast<Tag>(seed), region), request) ==
+                Status::kOk,
+            "isend: " + comm->last_error());
     finish(*comm, request);
   }
   comm->deregister(region);
@@ -181,13 +185,12 @@ TEST_CASE("gpu: iflush reads through every data rail that carried the message", 
           MemoryRegion region =
               comm->register_memory(buffer.data(), buffer.size(), buffer.type(), buffer.device());
           RecvBuffer target{buffer.data(), kSize, 9, region};
-          Request* request = nullptr;
-          require(comm->irecv({&target, 1}, request) == Status::kOk, comm->last_error());
+          Request request;
+          require(post_into(comm->irecv({&target, 1}), request) == Status::kOk, comm->last_error());
           finish(*comm, request);
           const auto before = data_rail_reads(context);
-          Request* flush = nullptr;
-          require(comm->iflush({&target, 1}, flush) == Status::kOk, comm->last_error());
-          require(flush != nullptr, "iflush posted no read");
+          Request flush;
+          require(post_into(comm->iflush({&target, 1}), flush) == Status::kOk, comm->last_error());
           finish(*comm, flush);
           const auto after = data_rail_reads(context);
           require(before.size() == kRails && after.size() == kRails,
@@ -208,8 +211,8 @@ TEST_CASE("gpu: iflush reads through every data rail that carried the message", 
           buffer.write(0, pattern_bytes(kSize, 77));
           MemoryRegion region =
               comm->register_memory(buffer.data(), buffer.size(), buffer.type(), buffer.device());
-          Request* request = nullptr;
-          require(comm->isend(buffer.data(), kSize, 9, region, request) == Status::kOk,
+          Request request;
+          require(post_into(comm->isend(buffer.data(), kSize, 9, region), request) == Status::kOk,
                   comm->last_error());
           finish(*comm, request);
           comm->deregister(region);

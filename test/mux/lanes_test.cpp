@@ -108,12 +108,12 @@ void receiver(Channel& channel) {
   // closing one closes while the others' messages are in flight.
   for (std::size_t round = 0; round <= kComms; ++round) {
     const std::size_t closing = round < kComms ? order[round] : kComms;
-    std::vector<std::pair<std::size_t, Request*>> pending;
+    std::vector<std::pair<std::size_t, Request>> pending;
     for (std::size_t i = 0; i < kComms; ++i) {
       if (!open[i] || i == closing) continue;
       RecvBuffer b{slab.data() + i * kSlot, kSlot, static_cast<Tag>(round), regions[i]};
-      Request* r = nullptr;
-      require(comms[i]->irecv({&b, 1}, r) == Status::kOk, comms[i]->last_error());
+      Request r;
+      require(post_into(comms[i]->irecv({&b, 1}), r) == Status::kOk, comms[i]->last_error());
       pending.emplace_back(i, r);
     }
     channel.barrier();
@@ -157,15 +157,16 @@ void sender(Channel& channel) {
   for (std::size_t round = 0; round <= kComms; ++round) {
     const std::size_t closing = round < kComms ? order[round] : kComms;
     channel.barrier();
-    std::vector<std::pair<std::size_t, Request*>> pending;
+    std::vector<std::pair<std::size_t, Request>> pending;
     for (std::size_t i = 0; i < kComms; ++i) {
       if (!open[i] || i == closing) continue;
       std::byte* data = slab.data() + i * kSlot;
       fill_pattern({data, size_of(i, round)}, seed_of(i, round));
-      Request* r = nullptr;
-      require(comms[i]->isend(data, size_of(i, round), static_cast<Tag>(round), regions[i], r) ==
-                  Status::kOk,
-              comms[i]->last_error());
+      Request r;
+      require(
+          post_into(comms[i]->isend(data, size_of(i, round), static_cast<Tag>(round), regions[i]),
+                    r) == Status::kOk,
+          comms[i]->last_error());
       pending.emplace_back(i, r);
     }
     if (closing < kComms) {

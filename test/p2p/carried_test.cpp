@@ -17,7 +17,7 @@ using namespace std::chrono_literals;
 
 Config carried_config() {
   Config config = test_config(1);
-  config.carry_control = 2;
+  config.carry_control = CarryControl::kAlways;
   config.eager_max = 16 * 1024;
   config.eager_credits = 16;
   config.peer_timeout_ms = 2000;  // pings (and the repeat they ask for) every 500 ms
@@ -64,28 +64,29 @@ void ping_pong(Channel& channel, bool client) {
   auto post_receive = [&](std::size_t round) {
     RecvBuffer target{recv_buffer.data(), kSizes[round % std::size(kSizes)], Tag(round),
                       recv_region};
-    Request* r = nullptr;
-    require(in->irecv({&target, 1}, r) == Status::kOk, in->last_error());
+    Request r;
+    require(post_into(in->irecv({&target, 1}), r) == Status::kOk, in->last_error());
     return r;
   };
   auto send = [&](std::size_t round, std::size_t size, bool ping) {
     fill_pattern({send_buffer.data(), size}, seed(round, ping));
-    Request* r = nullptr;
-    require(out->isend(send_buffer.data(), size, Tag(round), send_region, r) == Status::kOk,
-            out->last_error());
+    Request r;
+    require(
+        post_into(out->isend(send_buffer.data(), size, Tag(round), send_region), r) == Status::kOk,
+        out->last_error());
     return r;
   };
-  auto check = [&](Request* r, std::size_t round, std::size_t size, bool ping) {
+  auto check = [&](Request r, std::size_t round, std::size_t size, bool ping) {
     require(finish(*in, r) == size, "round " + std::to_string(round) + ": wrong size");
     const std::string wrong = check_pattern({recv_buffer.data(), size}, seed(round, ping));
     require(wrong.empty(), "round " + std::to_string(round) + ": " + wrong);
   };
-  Request* next = client ? nullptr : post_receive(0);
+  Request next = client ? Request{} : post_receive(0);
   for (std::size_t round = 0; round < kRounds; ++round) {
     const std::size_t size = kSizes[round % std::size(kSizes)];
     if (client) {
-      Request* reply = post_receive(round);
-      Request* ping = send(round, size, true);
+      Request reply = post_receive(round);
+      Request ping = send(round, size, true);
       finish(*out, ping);
       check(reply, round, size, false);
     } else {
@@ -137,15 +138,15 @@ void lost_carrier(Channel& channel, bool client) {
     in->close();
     channel.send_value(1);
     require(channel.recv_value<int>() == 2, "client out of step");
-    Request* r = nullptr;
-    require(out->isend(send_buffer.data(), kSize, 5, send_region, r) == Status::kOk,
+    Request r;
+    require(post_into(out->isend(send_buffer.data(), kSize, 5, send_region), r) == Status::kOk,
             out->last_error());
     // Without the repeat this waits for good: the peer is alive and answers every ping. With
     // it, one ping interval (500 ms) and a round trip.
     finish(*out, r, Status::kOk, 20s);
     // The client keeps progressing (its receive of this one) until the first send is done.
     fill_pattern(send_buffer, 13);
-    require(out->isend(send_buffer.data(), kSize, 6, send_region, r) == Status::kOk,
+    require(post_into(out->isend(send_buffer.data(), kSize, 6, send_region), r) == Status::kOk,
             out->last_error());
     finish(*out, r, Status::kOk, 20s);
     channel.barrier();
@@ -157,10 +158,10 @@ void lost_carrier(Channel& channel, bool client) {
   // message goes with the receive's announcement inside it.
   const std::uint64_t carried_before = in->stats().cts_carried;
   RecvBuffer target{recv_buffer.data(), kSize, 5, recv_region};
-  Request* receive = nullptr;
-  require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
-  Request* send = nullptr;
-  require(out->isend(send_buffer.data(), kSize, 5, send_region, send) == Status::kOk,
+  Request receive;
+  require(post_into(in->irecv({&target, 1}), receive) == Status::kOk, in->last_error());
+  Request send;
+  require(post_into(out->isend(send_buffer.data(), kSize, 5, send_region), send) == Status::kOk,
           out->last_error());
   require(in->stats().cts_carried == carried_before + 1, "the announcement was not carried");
   channel.send_value(2);
@@ -170,7 +171,7 @@ void lost_carrier(Channel& channel, bool client) {
   // The server's first send is still waiting for the announcement that was lost: its pings
   // reach our receiving lane while we wait for its second message.
   RecvBuffer second{recv_buffer.data(), kSize, 6, recv_region};
-  require(in->irecv({&second, 1}, receive) == Status::kOk, in->last_error());
+  require(post_into(in->irecv({&second, 1}), receive) == Status::kOk, in->last_error());
   require(finish(*in, receive, Status::kOk, 20s) == kSize, "wrong size");
   wrong = check_pattern(recv_buffer, 13);
   require(wrong.empty(), wrong);
@@ -178,7 +179,7 @@ void lost_carrier(Channel& channel, bool client) {
   bool done = false;
   Status status = Status::kOk;
   poll_until([&] { return done || status != Status::kOk; },
-             [&] { status = out->test(send, done, {}); }, "the send to the closed comm", 20s);
+             [&] { status = test_once(*out, send, done, {}); }, "the send to the closed comm", 20s);
   // kPeerError from the close notice, or kError where the provider refused the message for
   // the endpoint that closed with it.
   require(status == Status::kPeerError || status == Status::kError,
@@ -205,14 +206,16 @@ void both_ways(Channel& channel, std::uint64_t me, std::uint64_t peer) {
   const MemoryRegion recv_region = pair.in->register_memory(recv_buffer.data(), recv_buffer.size());
   auto size_of = [](std::size_t message) { return (message * 131) % kSlot; };
   for (std::size_t w = 0; w < kWindows; ++w) {
-    std::vector<Request*> receives(kWindow), sends(kWindow);
+    std::vector<Request> receives(kWindow), sends(kWindow);
     for (std::size_t i = 0; i < kWindow; ++i) {
       const std::size_t m = w * kWindow + i;
       RecvBuffer target{recv_buffer.data() + i * kSlot, size_of(m), Tag(m), recv_region};
-      require(pair.in->irecv({&target, 1}, receives[i]) == Status::kOk, pair.in->last_error());
+      require(post_into(pair.in->irecv({&target, 1}), receives[i]) == Status::kOk,
+              pair.in->last_error());
       std::byte* data = send_buffer.data() + i * kSlot;
       fill_pattern({data, size_of(m)}, me * 100000 + m);
-      require(pair.out->isend(data, size_of(m), Tag(m), send_region, sends[i]) == Status::kOk,
+      require(post_into(pair.out->isend(data, size_of(m), Tag(m), send_region), sends[i]) ==
+                  Status::kOk,
               pair.out->last_error());
     }
     for (std::size_t i = 0; i < kWindow; ++i) finish(*pair.out, sends[i]);

@@ -41,14 +41,14 @@ struct Outcome {
   std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
 };
 
-void step(Communicator& comm, Request* request, Outcome& outcome) {
+void step(Communicator& comm, Request request, Outcome& outcome) {
   if (outcome.done) return;
-  outcome.status = comm.test(request, outcome.done, {});
+  outcome.status = test_once(comm, request, outcome.done, {});
   if (outcome.done) outcome.error = comm.last_error();
 }
 
 // Tests `request` until it ends; requires `expect`, reached within kPrompt of outcome.since.
-void expect_outcome(Communicator& comm, Request* request, Outcome& outcome, Status expect,
+void expect_outcome(Communicator& comm, Request request, Outcome& outcome, Status expect,
                     const char* what) {
   poll_until([&] { return outcome.done; }, [&] { step(comm, request, outcome); }, what, 40s);
   const auto took = std::chrono::steady_clock::now() - outcome.since;
@@ -59,7 +59,7 @@ void expect_outcome(Communicator& comm, Request* request, Outcome& outcome, Stat
 }
 
 // Makes progress through `probe` (whose outcome it records) until the peer's next signal.
-int progress_until_signal(Communicator& comm, Request* probe, Outcome& outcome, Channel& channel) {
+int progress_until_signal(Communicator& comm, Request probe, Outcome& outcome, Channel& channel) {
   poll_until([&] { return channel.readable(); }, [&] { step(comm, probe, outcome); },
              "the peer's signal", 40s);
   return channel.recv_value<int>();
@@ -77,8 +77,8 @@ void receiver(Channel& channel, const Case& c) {
   fill_pattern(buffer, 99);
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   RecvBuffer a{buffer.data(), c.size, 1, region};
-  Request* first = nullptr;
-  require(in->irecv({&a, 1}, first) == Status::kOk, in->last_error());
+  Request first;
+  require(post_into(in->irecv({&a, 1}), first) == Status::kOk, in->last_error());
 
   if (c.closer == Closer::kReceiver) {
     channel.send_value(1);  // posted
@@ -93,8 +93,8 @@ void receiver(Channel& channel, const Case& c) {
     return;
   }
   RecvBuffer b{buffer.data() + c.size, c.size, 2, region};
-  Request* second = nullptr;
-  require(in->irecv({&b, 1}, second) == Status::kOk, in->last_error());
+  Request second;
+  require(post_into(in->irecv({&b, 1}), second) == Status::kOk, in->last_error());
   channel.send_value(1);  // posted
   // Progress through the second receive only: the first one's outcome stays untested until
   // the sender has closed.
@@ -125,8 +125,8 @@ void receiver(Channel& channel, const Case& c) {
   }
   expect_outcome(*in, second, second_outcome, Status::kPeerError, "a receive nothing was sent for");
   RecvBuffer late{buffer.data(), 10, 3, region};
-  Request* refused = nullptr;
-  require(in->irecv({&late, 1}, refused) == Status::kPeerError,
+  Request refused;
+  require(post_into(in->irecv({&late, 1}), refused) == Status::kPeerError,
           "irecv after the peer closed: " + in->last_error());
   in->close();
   channel.send_value(3);
@@ -142,15 +142,15 @@ void sender(Channel& channel, const Case& c) {
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
   require(channel.recv_value<int>() == 1, "receiver out of step");
 
-  Request* message = nullptr;
+  Request message;
   if (c.closer == Closer::kReceiver) {
     if (c.when == When::kAfterArrival) {
-      require(out->isend(buffer.data(), c.size, 1, region, message) == Status::kOk,
+      require(post_into(out->isend(buffer.data(), c.size, 1, region), message) == Status::kOk,
               out->last_error());
       // Progress through a second send that has no buffer over there, leaving the first one's
       // outcome untested until the receiver has closed.
-      Request* unmatched = nullptr;
-      require(out->isend(buffer.data(), 10, 2, region, unmatched) == Status::kOk,
+      Request unmatched;
+      require(post_into(out->isend(buffer.data(), 10, 2, region), unmatched) == Status::kOk,
               out->last_error());
       Outcome message_outcome, unmatched_outcome;
       require(progress_until_signal(*out, unmatched, unmatched_outcome, channel) == 2,
@@ -163,7 +163,7 @@ void sender(Channel& channel, const Case& c) {
     } else {
       // The receiver closes before its clear-to-send left: nothing goes. Its close notice may
       // even beat the isend here (our lane progresses in the background): refused at once then.
-      const Status posted = out->isend(buffer.data(), c.size, 1, region, message);
+      const Status posted = post_into(out->isend(buffer.data(), c.size, 1, region), message);
       if (posted == Status::kPeerError) {
         require(out->last_error().find("the peer closed the communicator") != std::string::npos,
                 "isend refused for the wrong reason: " + out->last_error());
@@ -176,15 +176,16 @@ void sender(Channel& channel, const Case& c) {
         outcome.since = std::chrono::steady_clock::now();
         expect_outcome(*out, message, outcome, Status::kPeerError, "a send to a closed receiver");
       }
-      Request* late = nullptr;
-      require(out->isend(buffer.data(), c.size, 3, region, late) == Status::kPeerError,
+      Request late;
+      require(post_into(out->isend(buffer.data(), c.size, 3, region), late) == Status::kPeerError,
               "isend after the receiver closed: " + out->last_error());
     }
     out->close();
     channel.send_value(4);
     return;
   }
-  require(out->isend(buffer.data(), c.size, 1, region, message) == Status::kOk, out->last_error());
+  require(post_into(out->isend(buffer.data(), c.size, 1, region), message) == Status::kOk,
+          out->last_error());
   if (c.when == When::kAfterArrival) finish(*out, message);
   out->close();  // before the data left: close() sends nothing more
   channel.send_value(2);

@@ -47,12 +47,13 @@ TEST_CASE("p2p 32 communicators between one pair set up at once", "[pair]") {
                "32 accepts");
     // The n-th accepted comm is not necessarily the sender's n-th: each message names its comm.
     std::vector<std::vector<std::byte>> buffers(kComms, std::vector<std::byte>(8192));
-    std::vector<Request*> requests(kComms);
+    std::vector<Request> requests(kComms);
     std::vector<MemoryRegion> regions(kComms);
     for (std::size_t i = 0; i < kComms; ++i) {
       regions[i] = comms[i]->register_memory(buffers[i].data(), 8192);
       RecvBuffer b{buffers[i].data(), 8192, 9, regions[i]};
-      require(comms[i]->irecv({&b, 1}, requests[i]) == Status::kOk, comms[i]->last_error());
+      require(post_into(comms[i]->irecv({&b, 1}), requests[i]) == Status::kOk,
+              comms[i]->last_error());
     }
     std::vector<bool> seen(kComms, false);
     for (std::size_t i = 0; i < kComms; ++i) {
@@ -81,11 +82,12 @@ TEST_CASE("p2p 32 communicators between one pair set up at once", "[pair]") {
                },
                "32 connects");
     std::vector<std::vector<std::byte>> buffers(kComms, std::vector<std::byte>(8192));
-    std::vector<Request*> requests(kComms);
+    std::vector<Request> requests(kComms);
     for (std::size_t i = 0; i < kComms; ++i) {
       fill_pattern(buffers[i], 40 + i);
       MemoryRegion region = comms[i]->register_memory(buffers[i].data(), 8192);
-      require(comms[i]->isend(buffers[i].data(), 8192, 9, region, requests[i]) == Status::kOk,
+      require(post_into(comms[i]->isend(buffers[i].data(), 8192, 9, region), requests[i]) ==
+                  Status::kOk,
               comms[i]->last_error());
     }
     for (std::size_t i = 0; i < kComms; ++i) finish(*comms[i], requests[i]);
@@ -112,11 +114,11 @@ TEST_CASE("p2p clear-to-send that arrives before the sender's handshake complete
     MemoryRegion large_region = second->register_memory(large.data(), large.size());
     MemoryRegion small_region = first->register_memory(small.data(), small.size());
     RecvBuffer b{large.data(), large.size(), 2, large_region};
-    Request* on_second = nullptr;
-    require(second->irecv({&b, 1}, on_second) == Status::kOk, second->last_error());
+    Request on_second;
+    require(post_into(second->irecv({&b, 1}), on_second) == Status::kOk, second->last_error());
     RecvBuffer s{small.data(), small.size(), 1, small_region};
-    Request* on_first = nullptr;
-    require(first->irecv({&s, 1}, on_first) == Status::kOk, first->last_error());
+    Request on_first;
+    require(post_into(first->irecv({&s, 1}), on_first) == Status::kOk, first->last_error());
     require(finish(*second, on_second) == kLarge, "size");
     auto error = check_pattern(large, 909);
     require(error.empty(), error);
@@ -132,8 +134,9 @@ TEST_CASE("p2p clear-to-send that arrives before the sender's handshake complete
     fill_pattern(small, 1);
     fill_pattern(large, 909);
     MemoryRegion small_region = first->register_memory(small.data(), small.size());
-    Request* pending = nullptr;
-    require(first->isend(small.data(), small.size(), 1, small_region, pending) == Status::kOk,
+    Request pending;
+    require(post_into(first->isend(small.data(), small.size(), 1, small_region), pending) ==
+                Status::kOk,
             first->last_error());
     Connector connector = context.connect(handle);
     std::unique_ptr<SendComm> second = connector.poll();  // sends the connect
@@ -142,12 +145,12 @@ TEST_CASE("p2p clear-to-send that arrives before the sender's handshake complete
     bool done = false;
     const auto until = std::chrono::steady_clock::now() + 300ms;
     while (std::chrono::steady_clock::now() < until) {
-      if (!done) require(first->test(pending, done) == Status::kOk, first->last_error());
+      if (!done) require(test_once(*first, pending, done) == Status::kOk, first->last_error());
     }
     poll_until([&] { return second != nullptr; }, [&] { second = connector.poll(); }, "connect");
     MemoryRegion large_region = second->register_memory(large.data(), large.size());
-    Request* request = nullptr;
-    require(second->isend(large.data(), kLarge, 2, large_region, request) == Status::kOk,
+    Request request;
+    require(post_into(second->isend(large.data(), kLarge, 2, large_region), request) == Status::kOk,
             second->last_error());
     finish(*second, request);
     if (!done) finish(*first, pending);
@@ -214,32 +217,35 @@ TEST_CASE("p2p bad data-path input gives clear errors and the process and other 
   fill_pattern(buffer, 3);
   MemoryRegion region = out->register_memory(buffer.data(), 4096);
   MemoryRegion in_region = in->register_memory(buffer.data() + 65536, 8192);
-  Request* request = nullptr;
+  Request request;
 
-  CHECK(out->isend(buffer.data(), 100, 1, MemoryRegion{}, request) == Status::kInvalid);
-  CHECK_THAT(out->last_error(), Catch::Contains("not registered"));
-  CHECK(request == nullptr);
-  CHECK(out->isend(buffer.data() + 4000, 200, 1, region, request) == Status::kInvalid);
+  CHECK(post_into(out->isend(buffer.data(), 100, 1, MemoryRegion{}), request) == Status::kInvalid);
+  CHECK_THAT(out->last_error(), Catch::Contains("empty memory region"));
+  CHECK(!request.valid());
+  CHECK(post_into(out->isend(buffer.data() + 65536, 100, 1, in_region), request) ==
+        Status::kInvalid);
+  CHECK_THAT(out->last_error(), Catch::Contains("registered on another communicator"));
+  CHECK(post_into(out->isend(buffer.data() + 4000, 200, 1, region), request) == Status::kInvalid);
   CHECK_THAT(out->last_error(), Catch::Contains("outside its registered region"));
   out->deregister(region);
-  CHECK(out->isend(buffer.data(), 100, 1, region, request) == Status::kInvalid);
-  CHECK_THAT(out->last_error(), Catch::Contains("not registered"));
+  CHECK(post_into(out->isend(buffer.data(), 100, 1, region), request) == Status::kInvalid);
+  CHECK_THAT(out->last_error(), Catch::Contains("deregistered"));
 
   RecvBuffer nine[9];
   for (auto& b : nine) b = {buffer.data() + 65536, 16, 1, in_region};
-  CHECK(in->irecv(nine, request) == Status::kInvalid);
+  CHECK(post_into(in->irecv(nine), request) == Status::kInvalid);
   CHECK_THAT(in->last_error(), Catch::Contains("1 to 8 buffers"));
-  CHECK(in->irecv({}, request) == Status::kInvalid);
+  CHECK(post_into(in->irecv({}), request) == Status::kInvalid);
 
   // Messages larger than the posted buffer fail on both sides, eager and rendezvous.
   region = out->register_memory(buffer.data(), buffer.size());
   for (std::size_t size : {std::size_t{3000}, std::size_t{600000}}) {
     INFO("message size " << size);
     RecvBuffer small{buffer.data() + 65536, 1000, 4, in_region};
-    Request* receive = nullptr;
-    Request* send = nullptr;
-    REQUIRE(in->irecv({&small, 1}, receive) == Status::kOk);
-    REQUIRE(out->isend(buffer.data(), size, 4, region, send) == Status::kOk);
+    Request receive;
+    Request send;
+    REQUIRE(post_into(in->irecv({&small, 1}), receive) == Status::kOk);
+    REQUIRE(post_into(out->isend(buffer.data(), size, 4, region), send) == Status::kOk);
     finish(*in, receive, Status::kTruncated);
     CHECK_THAT(in->last_error(), Catch::Contains("larger than the posted buffer"));
     finish(*out, send, Status::kTruncated);
@@ -257,10 +263,10 @@ TEST_CASE("p2p bad data-path input gives clear errors and the process and other 
     RecvBuffer tagged = capacity <= 8192
                             ? RecvBuffer{buffer.data() + 65536, capacity, 5, in_region}
                             : RecvBuffer{buffer.data() + 131072, capacity, 5, large_region};
-    Request* receive = nullptr;
-    Request* send = nullptr;
-    REQUIRE(in->irecv({&tagged, 1}, receive) == Status::kOk);
-    REQUIRE(out->isend(buffer.data(), message, 6, region, send) == Status::kOk);
+    Request receive;
+    Request send;
+    REQUIRE(post_into(in->irecv({&tagged, 1}), receive) == Status::kOk);
+    REQUIRE(post_into(out->isend(buffer.data(), message, 6, region), send) == Status::kOk);
     finish(*in, receive, Status::kInvalid);
     CHECK_THAT(in->last_error(), Catch::Contains("tag"));
     finish(*out, send, Status::kInvalid);
@@ -273,16 +279,67 @@ TEST_CASE("p2p bad data-path input gives clear errors and the process and other 
   Connector second = context.connect(listener.handle());
   auto [out2, in2] = connect_both(second, listener, "second connect");
   out->close();
-  CHECK(out->isend(buffer.data(), 100, 1, region, request) == Status::kInvalid);
+  CHECK(post_into(out->isend(buffer.data(), 100, 1, region), request) == Status::kInvalid);
   exchange(*out2, *in2, 12, 12, 700000);
   // The peer of the closed comm sees its pending receive fail, not hang.
   RecvBuffer orphan{buffer.data() + 65536, 100, 1, in_region};
-  Status posted = in->irecv({&orphan, 1}, request);
+  Status posted = post_into(in->irecv({&orphan, 1}), request);
   if (posted == Status::kOk) {
     finish(*in, request, Status::kPeerError);
   } else {
     CHECK(posted == Status::kPeerError);
   }
+}
+
+// A handle names its request until test() reported it, never the request that reuses its
+// record next (the pool hands records back last-in first-out, so the next post takes it).
+TEST_CASE("p2p a finished, foreign or empty request handle is refused, never another request",
+          "[local]") {
+  Context context(test_config(1));
+  Listener listener = context.listen();
+  Connector connector = context.connect(listener.handle());
+  auto [out, in] = connect_both(connector, listener, "connect to self");
+  std::vector<std::byte> sent(256), received(256);
+  MemoryRegion send_region = out->register_memory(sent.data(), sent.size());
+  MemoryRegion recv_region = in->register_memory(received.data(), received.size());
+  RecvBuffer target{received.data(), received.size(), 1, recv_region};
+
+  const Posted first = in->irecv({&target, 1});
+  REQUIRE(first.status == Status::kOk);
+  REQUIRE(first.request.valid());
+  CHECK(in->test(first.request) == Status::kInProgress);  // nothing was sent yet
+  fill_pattern(sent, 21);
+  Request send;
+  REQUIRE(post_into(out->isend(sent.data(), 200, 1, send_region), send) == Status::kOk);
+  finish(*out, send);
+  REQUIRE(finish(*in, first.request) == 200);
+  CHECK(check_pattern({received.data(), 200}, 21).empty());
+
+  CHECK(in->test(first.request) == Status::kInvalid);
+  CHECK_THAT(in->last_error(), Catch::Contains("already reported done"));
+  const Posted second = in->irecv({&target, 1});  // takes the first one's record
+  REQUIRE(second.status == Status::kOk);
+  CHECK(second.request != first.request);
+  CHECK(in->test(first.request) == Status::kInvalid);
+  CHECK(in->wait(first.request, {}, std::chrono::milliseconds(10)) == Status::kInvalid);
+  CHECK(out->test(second.request) == Status::kInvalid);
+  CHECK_THAT(out->last_error(), Catch::Contains("another communicator"));
+  CHECK(in->test(Request{}) == Status::kInvalid);
+  CHECK_THAT(in->last_error(), Catch::Contains("empty request handle"));
+  CHECK(in->wait(second.request, {}, std::chrono::milliseconds(10)) == Status::kInProgress);
+
+  // The second receive was left alone by all that: it gets its own message.
+  fill_pattern(sent, 22);
+  REQUIRE(post_into(out->isend(sent.data(), 150, 1, send_region), send) == Status::kOk);
+  finish(*out, send);
+  REQUIRE(finish(*in, second.request) == 150);
+  CHECK(check_pattern({received.data(), 150}, 22).empty());
+
+  // A closed communicator's handles name nothing either.
+  const Posted orphan = in->irecv({&target, 1});
+  REQUIRE(orphan.status == Status::kOk);
+  in->close();
+  CHECK(in->test(orphan.request) == Status::kInvalid);
 }
 
 namespace {
@@ -326,7 +383,7 @@ Config bad_input_config() {
 
 // Waits for `request`; requires `c.expect` within kPrompt and, when refused, `c.error` in the
 // error text. Returns the delivered size.
-std::size_t expect_verdict(Communicator& comm, Request* request, const BadInput& c,
+std::size_t expect_verdict(Communicator& comm, Request request, const BadInput& c,
                            const std::string& what) {
   const auto start = std::chrono::steady_clock::now();
   bool done = false;
@@ -334,7 +391,7 @@ std::size_t expect_verdict(Communicator& comm, Request* request, const BadInput&
   std::size_t size = 0;
   poll_until([&] { return done; },
              [&] {
-               status = comm.test(request, done, {&size, 1});
+               status = test_once(comm, request, done, {&size, 1});
              },
              what, 40s);
   const auto took = std::chrono::steady_clock::now() - start;
@@ -364,8 +421,8 @@ void bad_input_receiver(Channel& channel) {
     const BadInput& c = kBadInputs[i];
     fill_pattern(buffer, 1000 + i);
     RecvBuffer target{buffer.data(), c.buffer, kBufferTag, region};
-    Request* receive = nullptr;
-    require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+    Request receive;
+    require(post_into(in->irecv({&target, 1}), receive) == Status::kOk, in->last_error());
     const std::size_t size = expect_verdict(*in, receive, c, "receive of " + describe(c));
     channel.barrier();
     if (c.expect != Status::kOk) continue;
@@ -389,9 +446,10 @@ void bad_input_sender(Channel& channel) {
   for (std::size_t i = 0; i < std::size(kBadInputs); ++i) {
     const BadInput& c = kBadInputs[i];
     fill_pattern(buffer, i);
-    Request* send = nullptr;
-    require(out->isend(buffer.data(), c.message, c.send_tag, region, send) == Status::kOk,
-            out->last_error());
+    Request send;
+    require(
+        post_into(out->isend(buffer.data(), c.message, c.send_tag, region), send) == Status::kOk,
+        out->last_error());
     expect_verdict(*out, send, c, "send of " + describe(c));
     channel.barrier();
   }

@@ -49,7 +49,7 @@ struct Layout {
 };
 
 // Tests each request until all are done (kOk required) or `span` passed; how many are done.
-std::size_t test_all(Communicator& comm, const std::vector<Request*>& requests,
+std::size_t test_all(Communicator& comm, const std::vector<Request>& requests,
                      std::vector<bool>& done, std::chrono::milliseconds span) {
   const auto end = std::chrono::steady_clock::now() + span;
   std::size_t finished = 0;
@@ -58,7 +58,7 @@ std::size_t test_all(Communicator& comm, const std::vector<Request*>& requests,
     for (std::size_t i = 0; i < requests.size(); ++i) {
       if (!done[i]) {
         bool now = false;
-        const Status status = comm.test(requests[i], now, {});
+        const Status status = test_once(comm, requests[i], now, {});
         require(status == Status::kOk, "request " + std::to_string(i) + ": " + comm.last_error());
         done[i] = now;
       }
@@ -88,17 +88,17 @@ void run_late_receiver(const Layout& layout, std::optional<unsigned> credits, st
     MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
     // One message first: its progress sends the credits.
     RecvBuffer first{buffer.data(), layout.buffers[0], 1, region};
-    Request* request = nullptr;
-    require(in->irecv({&first, 1}, request) == Status::kOk, in->last_error());
+    Request request;
+    require(post_into(in->irecv({&first, 1}), request) == Status::kOk, in->last_error());
     require(finish(*in, request) == layout.sizes[0], "message 0 size");
     channel.send_value(1);
     require(channel.recv_value<int>() == 2, "sender out of step");  // its messages are posted
-    std::vector<Request*> receives;
+    std::vector<Request> receives;
     for (std::size_t i = 1; i < n; i += batch) {
       for (std::size_t k = i; k < std::min(n, i + batch); ++k) {
         RecvBuffer target{buffer.data() + layout.at[k], layout.buffers[k], Tag(k + 1), region};
-        Request* r = nullptr;
-        require(in->irecv({&target, 1}, r) == Status::kOk, in->last_error());
+        Request r;
+        require(post_into(in->irecv({&target, 1}), r) == Status::kOk, in->last_error());
         receives.push_back(r);
       }
       std::this_thread::sleep_for(pause);  // posts late, and makes no progress meanwhile
@@ -125,18 +125,20 @@ void run_late_receiver(const Layout& layout, std::optional<unsigned> credits, st
     for (std::size_t k = 0; k < n; ++k)
       fill_pattern({buffer.data() + layout.at[k], layout.sizes[k]}, seed_of(k));
     MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-    Request* request = nullptr;
-    require(out->isend(buffer.data(), layout.sizes[0], 1, region, request) == Status::kOk,
-            out->last_error());
+    Request request;
+    require(
+        post_into(out->isend(buffer.data(), layout.sizes[0], 1, region), request) == Status::kOk,
+        out->last_error());
     finish(*out, request);
     require(channel.recv_value<int>() == 1, "receiver out of step");
     const std::uint64_t eager_before = out->stats().eager;
-    std::vector<Request*> sends;
+    std::vector<Request> sends;
     for (std::size_t k = 1; k < n; ++k) {
-      Request* r = nullptr;
-      require(out->isend(buffer.data() + layout.at[k], layout.sizes[k], Tag(k + 1), region, r) ==
-                  Status::kOk,
-              out->last_error());
+      Request r;
+      require(
+          post_into(out->isend(buffer.data() + layout.at[k], layout.sizes[k], Tag(k + 1), region),
+                    r) == Status::kOk,
+          out->last_error());
       sends.push_back(r);
     }
     // No buffer is posted: what went ahead used credits, and nothing may complete.
@@ -221,11 +223,11 @@ TEST_CASE("p2p mixed eager and rendezvous messages in random order, both sides p
     std::mt19937_64 pace(7);
     for (std::size_t first = 0; first < sizes.size(); first += kWindow) {
       const std::size_t last = std::min(sizes.size(), first + kWindow);
-      std::vector<Request*> receives;
+      std::vector<Request> receives;
       for (std::size_t k = first; k < last; ++k) {
         RecvBuffer target{buffer.data() + layout.at[k], buffers[k], Tag(k), region};
-        Request* r = nullptr;
-        require(in->irecv({&target, 1}, r) == Status::kOk, in->last_error());
+        Request r;
+        require(post_into(in->irecv({&target, 1}), r) == Status::kOk, in->last_error());
         receives.push_back(r);
         if (pace() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(pace() % 300));
       }
@@ -251,16 +253,16 @@ TEST_CASE("p2p mixed eager and rendezvous messages in random order, both sides p
     std::mt19937_64 pace(11);
     for (std::size_t first = 0; first < sizes.size(); first += kWindow) {
       const std::size_t last = std::min(sizes.size(), first + kWindow);
-      std::vector<Request*> sends;
+      std::vector<Request> sends;
       for (std::size_t k = first; k < last; ++k) {
-        Request* r = nullptr;
-        require(
-            out->isend(buffer.data() + layout.at[k], sizes[k], Tag(k), region, r) == Status::kOk,
-            out->last_error());
+        Request r;
+        require(post_into(out->isend(buffer.data() + layout.at[k], sizes[k], Tag(k), region), r) ==
+                    Status::kOk,
+                out->last_error());
         sends.push_back(r);
         if (pace() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(pace() % 300));
       }
-      for (Request* r : sends) finish(*out, r);
+      for (Request r : sends) finish(*out, r);
     }
     channel.barrier();
   };
@@ -282,7 +284,7 @@ struct Outcome {
 };
 
 // Tests `requests` until every one ended (any status).
-std::vector<Outcome> outcomes(Communicator& comm, const std::vector<Request*>& requests) {
+std::vector<Outcome> outcomes(Communicator& comm, const std::vector<Request>& requests) {
   std::vector<Outcome> result(requests.size());
   std::vector<bool> ended(requests.size());
   poll_until([&] { return std::all_of(ended.begin(), ended.end(), [](bool e) { return e; }); },
@@ -290,7 +292,7 @@ std::vector<Outcome> outcomes(Communicator& comm, const std::vector<Request*>& r
                for (std::size_t i = 0; i < requests.size(); ++i) {
                  if (ended[i]) continue;
                  bool done = false;
-                 result[i].status = comm.test(requests[i], done, {&result[i].size, 1});
+                 result[i].status = test_once(comm, requests[i], done, {&result[i].size, 1});
                  if (done || result[i].status != Status::kOk) {
                    ended[i] = true;
                    result[i].ended = std::chrono::steady_clock::now();
@@ -303,18 +305,19 @@ std::vector<Outcome> outcomes(Communicator& comm, const std::vector<Request*>& r
 
 // Message 0 (waited for), the peer's go, then messages 1..kAhead, each in its own slot of
 // `buffer` with its own pattern: all of them must go ahead on credits.
-std::vector<Request*> send_ahead(SendComm& out, Channel& channel, std::vector<std::byte>& buffer,
-                                 const MemoryRegion& region) {
-  Request* r = nullptr;
-  require(out.isend(buffer.data(), kSize, 1, region, r) == Status::kOk, out.last_error());
+std::vector<Request> send_ahead(SendComm& out, Channel& channel, std::vector<std::byte>& buffer,
+                                const MemoryRegion& region) {
+  Request r;
+  require(post_into(out.isend(buffer.data(), kSize, 1, region), r) == Status::kOk,
+          out.last_error());
   finish(out, r);
   require(channel.recv_value<int>() == 1, "peer out of step");
   const std::uint64_t before = out.stats().eager;
-  std::vector<Request*> sends;
+  std::vector<Request> sends;
   for (std::size_t k = 1; k <= kAhead; ++k) {
     std::span<std::byte> message{buffer.data() + k * kSize, kSize};
     fill_pattern(message, seed_of(k));
-    require(out.isend(message.data(), kSize, Tag(k + 1), region, r) == Status::kOk,
+    require(post_into(out.isend(message.data(), kSize, Tag(k + 1), region), r) == Status::kOk,
             out.last_error());
     sends.push_back(r);
   }
@@ -338,8 +341,8 @@ TEST_CASE("p2p a receiver dies holding messages sent ahead", "[credits]") {
     MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
     for (std::size_t k = 0; k < 2; ++k) {
       RecvBuffer target{buffer.data(), kSize, Tag(k + 1), region};
-      Request* r = nullptr;
-      require(in->irecv({&target, 1}, r) == Status::kOk, in->last_error());
+      Request r;
+      require(post_into(in->irecv({&target, 1}), r) == Status::kOk, in->last_error());
       finish(*in, r);
       if (k == 0) {
         channel.send_value(1);
@@ -357,7 +360,7 @@ TEST_CASE("p2p a receiver dies holding messages sent ahead", "[credits]") {
     std::vector<std::byte> buffer(kSize * (kAhead + 1));
     const CloseOnUnwind guard{out.get()};
     MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-    const std::vector<Request*> sends = send_ahead(*out, channel, buffer, region);
+    const std::vector<Request> sends = send_ahead(*out, channel, buffer, region);
     channel.send_value(2);
     wait_for_death(channel);
     const auto death = std::chrono::steady_clock::now();
@@ -389,7 +392,7 @@ TEST_CASE("p2p a sender dies after sending ahead", "[credits]") {
     std::vector<std::byte> buffer(kSize * (kAhead + 1));
     const CloseOnUnwind guard{out.get()};
     MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-    const std::vector<Request*> sends = send_ahead(*out, channel, buffer, region);
+    const std::vector<Request> sends = send_ahead(*out, channel, buffer, region);
     // Progress hands them to the wire where the provider needs it (tcp); none can complete.
     std::vector<bool> done(sends.size());
     require(test_all(*out, sends, done, 100ms) == 0, "a send ahead completed unannounced");
@@ -405,17 +408,17 @@ TEST_CASE("p2p a sender dies after sending ahead", "[credits]") {
     const CloseOnUnwind guard{in.get()};
     MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
     RecvBuffer first{buffer.data(), kSize, 1, region};
-    Request* r = nullptr;
-    require(in->irecv({&first, 1}, r) == Status::kOk, in->last_error());
+    Request r;
+    require(post_into(in->irecv({&first, 1}), r) == Status::kOk, in->last_error());
     finish(*in, r);
     channel.send_value(1);
     wait_for_death(channel);
     const auto death = std::chrono::steady_clock::now();
     // Its messages, and two it never sent.
-    std::vector<Request*> receives;
+    std::vector<Request> receives;
     for (std::size_t k = 1; k <= kAhead + 2; ++k) {
       RecvBuffer target{buffer.data() + k * kSize, kSize, Tag(k + 1), region};
-      const Status posted = in->irecv({&target, 1}, r);
+      const Status posted = post_into(in->irecv({&target, 1}), r);
       if (posted == Status::kPeerError) break;  // the death is known already
       require(posted == Status::kOk, in->last_error());
       receives.push_back(r);

@@ -45,20 +45,21 @@ struct PostedReceive {
   Context context{death_config()};
   Listener listener = context.listen();
   std::unique_ptr<RecvComm> in;
-  Request* receive = nullptr;
+  Request receive;
 
   PostedReceive(Channel& channel, std::vector<std::byte>& buffer) {
     send_handle(channel, listener.handle());
     in = accept_one(listener);
     MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
     RecvBuffer target{buffer.data(), buffer.size(), 1, region};
-    require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+    require(post_into(in->irecv({&target, 1}), receive) == Status::kOk, in->last_error());
   }
   // Tests the receive for `how_long`, or until it finished, while the data flows.
   void test_for(std::chrono::milliseconds how_long) {
     bool done = false;
     const auto until = std::chrono::steady_clock::now() + how_long;
-    while (!done && std::chrono::steady_clock::now() < until) (void)in->test(receive, done, {});
+    while (!done && std::chrono::steady_clock::now() < until)
+      (void)test_once(*in, receive, done, {});
   }
 };
 
@@ -68,7 +69,7 @@ void surviving_receiver(Channel& channel) {
   fill_pattern(buffer, 1);  // not the sender's pattern
   PostedReceive posted(channel, buffer);
   RecvComm* in = posted.in.get();
-  Request* receive = posted.receive;
+  Request receive = posted.receive;
   channel.send_value(1);
   bool done = false;
   Status status = Status::kOk;
@@ -76,7 +77,7 @@ void surviving_receiver(Channel& channel) {
   std::chrono::steady_clock::time_point died{};
   poll_until([&] { return done; },
              [&] {
-               status = in->test(receive, done, {&size, 1});
+               status = test_once(*in, receive, done, {&size, 1});
                if (died == std::chrono::steady_clock::time_point{} && channel.readable()) {
                  died = std::chrono::steady_clock::now();
                }
@@ -105,13 +106,13 @@ void dying_sender(Channel& channel) {
   std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
   require(channel.recv_value<int>() == 1, "receiver out of step");
-  Request* send = nullptr;
-  require(out->isend(buffer.data(), buffer.size(), 1, region, send) == Status::kOk,
+  Request send;
+  require(post_into(out->isend(buffer.data(), buffer.size(), 1, region), send) == Status::kOk,
           out->last_error());
   bool done = false;
   poll_until([&] { return done || bytes_written(context) != 0; },
-             [&] { (void)out->test(send, done, {}); }, "the writes to be posted", 60s);
-  for (int i = 0; i < 20 && !done; ++i) (void)out->test(send, done, {});
+             [&] { (void)test_once(*out, send, done, {}); }, "the writes to be posted", 60s);
+  for (int i = 0; i < 20 && !done; ++i) (void)test_once(*out, send, done, {});
   std::fflush(nullptr);
   ::raise(SIGKILL);
 }
@@ -141,15 +142,15 @@ void send_until_ended(Channel& channel, Context& context, const Handle& handle, 
   fill_pattern(buffer, 7);
   std::unique_ptr<SendComm> out = connect_one(context, handle);
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-  Request* send = nullptr;
-  require(out->isend(buffer.data(), buffer.size(), 1, region, send) == Status::kOk,
+  Request send;
+  require(post_into(out->isend(buffer.data(), buffer.size(), 1, region), send) == Status::kOk,
           out->last_error());
   bool done = false;
   Status status = Status::kOk;
   std::chrono::steady_clock::time_point ended{};
   poll_until([&] { return done; },
              [&] {
-               status = out->test(send, done, {});
+               status = test_once(*out, send, done, {});
                if (ended == std::chrono::steady_clock::time_point{} && channel.readable()) {
                  ended = std::chrono::steady_clock::now();
                }
@@ -191,8 +192,8 @@ void closing_receiver(Channel& channel) {
   const CloseOnUnwind guard{again.get()};
   MemoryRegion region = again->register_memory(small.data(), small.size());
   RecvBuffer target{small.data(), small.size(), 2, region};
-  Request* receive = nullptr;
-  require(again->irecv({&target, 1}, receive) == Status::kOk, again->last_error());
+  Request receive;
+  require(post_into(again->irecv({&target, 1}), receive) == Status::kOk, again->last_error());
   require(finish(*again, receive) == small.size(), "the second connection's message");
   require(check_pattern(small, 8).empty(), check_pattern(small, 8));
   channel.send_value(2);
@@ -208,9 +209,10 @@ void sender_then_reconnect(Channel& channel) {
   const CloseOnUnwind guard{again.get()};
   fill_pattern(small, 8);
   MemoryRegion small_region = again->register_memory(small.data(), small.size());
-  Request* message = nullptr;
-  require(again->isend(small.data(), small.size(), 2, small_region, message) == Status::kOk,
-          again->last_error());
+  Request message;
+  require(
+      post_into(again->isend(small.data(), small.size(), 2, small_region), message) == Status::kOk,
+      again->last_error());
   finish(*again, message);
   require(channel.recv_value<int>() == 2, "receiver out of step");
 }
@@ -307,7 +309,7 @@ Traffic traffic(const Context& context) {
 // One of the survivor's requests and, once test() reported it, its outcome.
 struct Cell {
   Communicator* comm = nullptr;
-  Request* request = nullptr;
+  Request request;
   std::size_t index = 0;
   bool receive = false;  // the survivor receives: the sender died
   bool done = false;
@@ -319,7 +321,7 @@ struct Cell {
 
 void step(Cell& cell) {
   if (cell.done) return;
-  const Status status = cell.comm->test(cell.request, cell.done, {&cell.size, 1});
+  const Status status = test_once(*cell.comm, cell.request, cell.done, {&cell.size, 1});
   require(cell.done || status == Status::kOk, "test: " + cell.comm->last_error());
   if (!cell.done) return;
   cell.status = status;
@@ -401,13 +403,13 @@ void survivor(Channel& channel) {
   for (std::size_t i = 0; i < kMessages; ++i) {
     RecvBuffer buffer{receiving.data() + at[i], table[i].capacity, Tag(i + 1), recv_region};
     Cell cell{.comm = in.get(), .index = i, .receive = true};
-    require(in->irecv({&buffer, 1}, cell.request) == Status::kOk, in->last_error());
+    require(post_into(in->irecv({&buffer, 1}), cell.request) == Status::kOk, in->last_error());
     cells.push_back(cell);
   }
   for (std::size_t i = 0; i < kMessages; ++i) {
     Cell cell{.comm = out.get(), .index = i, .receive = false};
-    require(out->isend(sending.data() + at[i], table[i].size, Tag(i + 1), send_region,
-                       cell.request) == Status::kOk,
+    require(post_into(out->isend(sending.data() + at[i], table[i].size, Tag(i + 1), send_region),
+                      cell.request) == Status::kOk,
             out->last_error());
     cells.push_back(cell);
   }
@@ -479,11 +481,11 @@ void survivor(Channel& channel) {
   for (const Cell& cell : cells) {
     judge(cell, table[cell.index], receiving, at[cell.index], death);
   }
-  Request* late = nullptr;
-  require(out->isend(sending.data(), 10, 1, send_region, late) == Status::kPeerError,
+  Request late;
+  require(post_into(out->isend(sending.data(), 10, 1, send_region), late) == Status::kPeerError,
           "isend to a dead peer: " + out->last_error());
   RecvBuffer buffer{receiving.data(), 10, 1, recv_region};
-  require(in->irecv({&buffer, 1}, late) == Status::kPeerError,
+  require(post_into(in->irecv({&buffer, 1}), late) == Status::kPeerError,
           "irecv from a dead peer: " + in->last_error());
   out->close();
   in->close();
@@ -506,15 +508,15 @@ void doomed(Channel& channel) {
   }
   MemoryRegion send_region = out->register_memory(sending.data(), sending.size());
   MemoryRegion recv_region = in->register_memory(receiving.data(), receiving.size());
-  std::array<Request*, kMessages> sends{}, receives{};
+  std::array<Request, kMessages> sends{}, receives{};
   const auto post_send = [&](std::size_t i) {
-    require(out->isend(sending.data() + at[i], table[i].size, Tag(i + 1), send_region, sends[i]) ==
-                Status::kOk,
+    require(post_into(out->isend(sending.data() + at[i], table[i].size, Tag(i + 1), send_region),
+                      sends[i]) == Status::kOk,
             out->last_error());
   };
   const auto post_receive = [&](std::size_t i) {
     RecvBuffer buffer{receiving.data() + at[i], table[i].capacity, Tag(i + 1), recv_region};
-    require(in->irecv({&buffer, 1}, receives[i]) == Status::kOk, in->last_error());
+    require(post_into(in->irecv({&buffer, 1}), receives[i]) == Status::kOk, in->last_error());
   };
   require(channel.recv_value<int>() == 1, "survivor out of step");
 
@@ -537,7 +539,7 @@ void doomed(Channel& channel) {
   poll_until([&] { return channel.readable(); },
              [&] {
                for (std::size_t i = 2; i < 4; ++i)
-                 if (!received[i]) (void)in->test(receives[i], received[i], {});
+                 if (!received[i]) (void)test_once(*in, receives[i], received[i], {});
              },
              "the survivor's messages to leave", 30s);
   require(channel.recv_value<int>() == 4, "survivor out of step");
@@ -545,7 +547,7 @@ void doomed(Channel& channel) {
   for (std::size_t i = 2; i < 4; ++i) post_send(i);
   const auto progress = [&] {
     for (std::size_t i = 2; i < 4; ++i)
-      if (!sent[i]) (void)out->test(sends[i], sent[i], {});
+      if (!sent[i]) (void)test_once(*out, sends[i], sent[i], {});
   };
   poll_until(
       [&] {

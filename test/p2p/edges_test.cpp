@@ -112,10 +112,10 @@ TEST_CASE("p2p registration: memory mapped again at a deregistered address is re
   CHECK(after.hits == before.hits);          // not the ones made before the unmap
 
   RecvBuffer buffer{target.data(), size, 9, target_region};
-  Request* receive = nullptr;
-  Request* send = nullptr;
-  REQUIRE(in->irecv({&buffer, 1}, receive) == Status::kOk);
-  REQUIRE(out->isend(source.data(), size, 9, source_region, send) == Status::kOk);
+  Request receive;
+  Request send;
+  REQUIRE(post_into(in->irecv({&buffer, 1}), receive) == Status::kOk);
+  REQUIRE(post_into(out->isend(source.data(), size, 9, source_region), send) == Status::kOk);
   finish(*out, send);
   CHECK(finish(*in, receive) == size);
   CHECK(check_pattern(target, 3).empty());  // the new bytes, into the new pages
@@ -196,9 +196,10 @@ TEST_CASE("p2p messages beyond the provider's max_msg_size are striped or refuse
 
   std::vector<std::byte> buffer(largest + 1);
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-  Request* request = nullptr;
-  CHECK(out->isend(buffer.data(), buffer.size(), 1, region, request) == Status::kInvalid);
-  CHECK(request == nullptr);
+  Request request;
+  CHECK(post_into(out->isend(buffer.data(), buffer.size(), 1, region), request) ==
+        Status::kInvalid);
+  CHECK(!request.valid());
   CHECK_THAT(out->last_error(), Catch::Contains(std::to_string(buffer.size()) + " bytes") &&
                                     Catch::Contains("max_msg_size") &&
                                     Catch::Contains(std::to_string(max_msg)) &&

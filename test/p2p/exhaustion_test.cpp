@@ -107,7 +107,7 @@ void pool_receiver(Channel& channel, std::size_t ncomms) {
           "the sender's pools took " + std::to_string(sent_before_refusal) + " sends");
 
   struct Posted {
-    Request* request;
+    Request request;
     std::size_t first;
     std::size_t count;
   };
@@ -119,13 +119,13 @@ void pool_receiver(Channel& channel, std::size_t ncomms) {
     for (;;) {
       RecvBuffer buffers[kParts];
       for (std::size_t i = 0; i < kParts; ++i) buffers[i] = buffer_of(c, next[c] + i);
-      Request* request = nullptr;
-      const Status status = comm.irecv(buffers, request);
+      Request request;
+      const Status status = post_into(comm.irecv(buffers), request);
       if (status != Status::kOk) {
         require(
             status == Status::kRetry,
             "irecv on a full pool: " + std::string(to_string(status)) + ": " + comm.last_error());
-        require(request == nullptr, "a refused irecv set its request");
+        require(!request.valid(), "a refused irecv set its request");
         require(mentions(comm.last_error(), std::to_string(kPool) + " requests already in flight"),
                 "unclear refusal: " + comm.last_error());
         refusal = comm.last_error();
@@ -137,10 +137,10 @@ void pool_receiver(Channel& channel, std::size_t ncomms) {
     require(posted[c].size() == kPool,
             "the receive pool took " + std::to_string(posted[c].size()) + " requests");
     RecvBuffer first = buffer_of(c, 1);  // not empty: an empty buffer needs no flush
-    Request* flush = nullptr;
-    require(comm.iflush({&first, 1}, flush) == Status::kRetry,
+    Request flush;
+    require(post_into(comm.iflush({&first, 1}), flush) == Status::kRetry,
             "iflush on a full pool: " + comm.last_error());
-    require(flush == nullptr, "a refused iflush set its request");
+    require(!flush.valid(), "a refused iflush set its request");
     require(mentions(comm.last_error(), "too many requests in flight"),
             "unclear refusal: " + comm.last_error());
   }
@@ -158,7 +158,7 @@ void pool_receiver(Channel& channel, std::size_t ncomms) {
       const Posted p = posted[c].front();
       std::size_t sizes[kParts] = {};
       bool done = false;
-      const Status status = comms[c]->test(p.request, done, {sizes, p.count});
+      const Status status = test_once(*comms[c], p.request, done, {sizes, p.count});
       auto what = [&] {
         return "comm " + std::to_string(c) + " receive of message " + std::to_string(p.first);
       };
@@ -182,8 +182,8 @@ void pool_receiver(Channel& channel, std::size_t ncomms) {
       }
       if (next[c] < kMessages) {
         RecvBuffer b = buffer_of(c, next[c]);
-        Request* request = nullptr;
-        require(comms[c]->irecv({&b, 1}, request) == Status::kOk,
+        Request request;
+        require(post_into(comms[c]->irecv({&b, 1}), request) == Status::kOk,
                 "irecv: " + comms[c]->last_error());
         posted[c].push_back({request, next[c]++, 1});
       }
@@ -192,9 +192,10 @@ void pool_receiver(Channel& channel, std::size_t ncomms) {
   }
   // With the pool free again, a flush goes through.
   RecvBuffer first = buffer_of(0, 1);
-  Request* flush = nullptr;
-  require(comms[0]->iflush({&first, 1}, flush) == Status::kOk, "iflush: " + comms[0]->last_error());
-  if (flush != nullptr) finish(*comms[0], flush);
+  Request flush;
+  require(post_into(comms[0]->iflush({&first, 1}), flush) == Status::kOk,
+          "iflush: " + comms[0]->last_error());
+  finish(*comms[0], flush);
   const auto stats = context.stats();
   require(stats.lanes.size() == 1 && stats.lanes[0].comms == ncomms,
           "the communicators should share one receive lane");
@@ -217,19 +218,19 @@ void pool_sender(Channel& channel, std::size_t ncomms) {
   for (std::size_t c = 0; c < ncomms; ++c) {
     regions[c] = comms[c]->register_memory(slabs[c].data(), slabs[c].size());
   }
-  std::vector<std::deque<Request*>> inflight(ncomms);
+  std::vector<std::deque<Request>> inflight(ncomms);
   std::vector<std::size_t> next(ncomms, 0);
   auto post = [&](std::size_t c) {
     std::byte* data = slabs[c].data() + (next[c] % kSlots) * kSlot;
     fill_pattern({data, size_of(c, next[c])}, seed_of(c, next[c]));
-    Request* request = nullptr;
-    const Status status =
-        comms[c]->isend(data, size_of(c, next[c]), tag_of(c, next[c]), regions[c], request);
+    Request request;
+    const Status status = post_into(
+        comms[c]->isend(data, size_of(c, next[c]), tag_of(c, next[c]), regions[c]), request);
     if (status == Status::kOk) {
       inflight[c].push_back(request);
       ++next[c];
     } else {
-      require(request == nullptr, "a refused isend set its request");
+      require(!request.valid(), "a refused isend set its request");
     }
     return status;
   };
@@ -255,7 +256,7 @@ void pool_sender(Channel& channel, std::size_t ncomms) {
     for (std::size_t c = 0; c < ncomms; ++c) {
       if (inflight[c].empty()) continue;
       bool done = false;
-      const Status status = comms[c]->test(inflight[c].front(), done, {});
+      const Status status = test_once(*comms[c], inflight[c].front(), done, {});
       if (status != Status::kOk) {
         throw Failure("comm " + std::to_string(c) + " send " +
                       std::to_string(next[c] - inflight[c].size()) + ": " +
@@ -359,11 +360,11 @@ void check_error_text(const std::string& what) {
 
 // Waits for `request` (bounded): kOk, or a failure whose text says what ran out or that the
 // peer could not be reached. Returns whether it succeeded.
-bool settle(Communicator& comm, Request* request, const std::string& what, std::string& failure) {
+bool settle(Communicator& comm, Request request, const std::string& what, std::string& failure) {
   bool done = false;
   Status status = Status::kOk;
   poll_until([&] { return done || status != Status::kOk; },
-             [&] { status = comm.test(request, done, {}); }, what, 30s);
+             [&] { status = test_once(comm, request, done, {}); }, what, 30s);
   if (status == Status::kOk) return true;
   failure = what + ": " + std::string(to_string(status)) + ": " + comm.last_error();
   require(mentions(comm.last_error(), "Too many open files") || mentions(comm.last_error(), "peer"),
@@ -421,13 +422,14 @@ void many_receiver(Channel& channel) {
   require(context.stats().lanes.size() == comms.size(), "a lane per communicator");
   if (kSanitized) limit.reset();
   // One message per communicator, all posted at once.
-  std::vector<Request*> requests(comms.size());
+  std::vector<Request> requests(comms.size());
   std::vector<MemoryRegion> regions(comms.size());
   for (std::size_t i = 0; i < comms.size(); ++i) {
     buffers[i].resize(many_size(i));
     regions[i] = comms[i]->register_memory(buffers[i].data(), buffers[i].size());
     RecvBuffer b{buffers[i].data(), buffers[i].size(), static_cast<Tag>(i), regions[i]};
-    require(comms[i]->irecv({&b, 1}, requests[i]) == Status::kOk, comms[i]->last_error());
+    require(post_into(comms[i]->irecv({&b, 1}), requests[i]) == Status::kOk,
+            comms[i]->last_error());
   }
   for (std::size_t i = 0; i < comms.size(); ++i) {
     std::string failure;
@@ -454,8 +456,8 @@ void many_receiver(Channel& channel) {
   const CloseOnUnwind guard{again.get()};
   MemoryRegion region = again->register_memory(buffer.data(), buffer.size());
   RecvBuffer b{buffer.data(), buffer.size(), 77, region};
-  Request* request = nullptr;
-  require(again->irecv({&b, 1}, request) == Status::kOk, again->last_error());
+  Request request;
+  require(post_into(again->irecv({&b, 1}), request) == Status::kOk, again->last_error());
   require(finish(*again, request) == buffer.size(), "size after recovery");
   require(check_pattern(buffer, 0xC1000).empty(), "bytes after recovery");
   channel.barrier();
@@ -498,13 +500,14 @@ void many_sender(Channel& channel) {
                stopped.c_str());
   require(!comms.empty(), "not even one communicator");
   if (kSanitized) limit.reset();
-  std::vector<Request*> requests(comms.size());
+  std::vector<Request> requests(comms.size());
   for (std::size_t i = 0; i < comms.size(); ++i) {
     buffers[i].resize(many_size(i));
     fill_pattern(buffers[i], 0xC0000 + i);
     MemoryRegion region = comms[i]->register_memory(buffers[i].data(), buffers[i].size());
-    require(comms[i]->isend(buffers[i].data(), buffers[i].size(), static_cast<Tag>(i), region,
-                            requests[i]) == Status::kOk,
+    require(post_into(
+                comms[i]->isend(buffers[i].data(), buffers[i].size(), static_cast<Tag>(i), region),
+                requests[i]) == Status::kOk,
             comms[i]->last_error());
   }
   for (std::size_t i = 0; i < comms.size(); ++i) {
@@ -529,8 +532,8 @@ void many_sender(Channel& channel) {
   const CloseOnUnwind guard{again.get()};
   fill_pattern(buffer, 0xC1000);
   MemoryRegion region = again->register_memory(buffer.data(), buffer.size());
-  Request* request = nullptr;
-  require(again->isend(buffer.data(), buffer.size(), 77, region, request) == Status::kOk,
+  Request request;
+  require(post_into(again->isend(buffer.data(), buffer.size(), 77, region), request) == Status::kOk,
           again->last_error());
   finish(*again, request);
   channel.barrier();

@@ -24,13 +24,12 @@ void flush_receiver(Channel& channel, unsigned rails) {
   const CloseOnUnwind guard{comm.get()};
   MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), kSize, 5, region};
-  Request* request = nullptr;
-  require(comm->irecv({&target, 1}, request) == Status::kOk, comm->last_error());
+  Request request;
+  require(post_into(comm->irecv({&target, 1}), request) == Status::kOk, comm->last_error());
   finish(*comm, request);
   const auto before = data_rail_reads(context);
-  Request* flush = nullptr;
-  require(comm->iflush({&target, 1}, flush) == Status::kOk, comm->last_error());
-  require(flush != nullptr, "LOOM_FORCE_FLUSH: iflush must post reads");
+  Request flush;
+  require(post_into(comm->iflush({&target, 1}), flush) == Status::kOk, comm->last_error());
   finish(*comm, flush);
   const auto after = data_rail_reads(context);
   require(after.size() == rails, "the receive lane has " + std::to_string(after.size()) +
@@ -54,8 +53,9 @@ void flush_sender(Channel& channel, unsigned rails) {
   const CloseOnUnwind guard{comm.get()};
   fill_pattern(buffer, 31);
   MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
-  Request* request = nullptr;
-  require(comm->isend(buffer.data(), kSize, 5, region, request) == Status::kOk, comm->last_error());
+  Request request;
+  require(post_into(comm->isend(buffer.data(), kSize, 5, region), request) == Status::kOk,
+          comm->last_error());
   finish(*comm, request);
   comm->deregister(region);
   channel.barrier();
@@ -84,9 +84,12 @@ TEST_CASE("p2p iflush of host memory posts nothing unless forced", "[local]") {
   std::vector<std::byte> buffer(4096);
   MemoryRegion region = pair.in->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), buffer.size(), 1, region};
-  Request* flush = reinterpret_cast<Request*>(&buffer);  // must be reset
-  REQUIRE(pair.in->iflush({&target, 1}, flush) == Status::kOk);
-  CHECK(flush == nullptr);
+  const auto before = data_rail_reads(context);
+  const Posted flush = pair.in->iflush({&target, 1});
+  REQUIRE(flush.status == Status::kOk);
+  REQUIRE(flush.request.valid());
+  CHECK(pair.in->test(flush.request) == Status::kOk);  // nothing to wait for
+  CHECK(data_rail_reads(context) == before);
   pair.in->deregister(region);
 }
 

@@ -116,15 +116,15 @@ TEST_CASE("p2p grouped receives take their sends by tag in any order", "[grouped
         buffers.push_back({slab.data() + i * kSlot, round.room[i], round.tags[i], region});
       }
       if (!round.receiver_first) channel.recv_value<int>();  // the sends are posted
-      Request* request = nullptr;
-      require(in->irecv(buffers, request) == Status::kOk, in->last_error());
+      Request request;
+      require(post_into(in->irecv(buffers), request) == Status::kOk, in->last_error());
       if (round.receiver_first) channel.send_value(1);
       std::array<std::size_t, kMaxGroup> sizes{};
       bool done = false;
       Status status = Status::kOk;
       poll_until([&] { return done || status != Status::kOk; },
                  [&] {
-                   status = in->test(request, done, {sizes.data(), round.tags.size()});
+                   status = test_once(*in, request, done, {sizes.data(), round.tags.size()});
                  },
                  "grouped receive", 60s);
       require(status == Status::kOk && done, "round " + std::to_string(round.seed) + ": " +
@@ -145,16 +145,17 @@ TEST_CASE("p2p grouped receives take their sends by tag in any order", "[grouped
         fill_pattern({slab.data() + i * kSlot, round.sizes[i]}, seed_of(round, i));
       }
       if (round.receiver_first) channel.recv_value<int>();
-      std::vector<Request*> sends;
+      std::vector<Request> sends;
       for (std::size_t buffer : round.send_to) {
-        Request* r = nullptr;
-        require(out->isend(slab.data() + buffer * kSlot, round.sizes[buffer], round.tags[buffer],
-                           region, r) == Status::kOk,
+        Request r;
+        require(post_into(out->isend(slab.data() + buffer * kSlot, round.sizes[buffer],
+                                     round.tags[buffer], region),
+                          r) == Status::kOk,
                 out->last_error());
         sends.push_back(r);
       }
       if (!round.receiver_first) channel.send_value(1);
-      for (Request* r : sends) finish(*out, r);
+      for (Request r : sends) finish(*out, r);
     }
     channel.barrier();
   };
@@ -183,14 +184,14 @@ void refusals(bool receiver_first) {
       buffers.push_back({slab.data() + i * kSlot, kRoom[i], kTags[i], region});
     }
     if (!receiver_first) channel.recv_value<int>();
-    Request* request = nullptr;
-    require(in->irecv(buffers, request) == Status::kOk, in->last_error());
+    Request request;
+    require(post_into(in->irecv(buffers), request) == Status::kOk, in->last_error());
     if (receiver_first) channel.send_value(1);
     std::array<std::size_t, 3> sizes{};
     bool done = false;
     Status status = Status::kOk;
     poll_until([&] { return done || status != Status::kOk; },
-               [&] { status = in->test(request, done, sizes); }, "grouped receive", 60s);
+               [&] { status = test_once(*in, request, done, sizes); }, "grouped receive", 60s);
     require(status == Status::kInvalid || status == Status::kTruncated,
             "expected a wrong-tag or truncation failure, got " + std::string(to_string(status)) +
                 ": " + in->last_error());
@@ -206,12 +207,12 @@ void refusals(bool receiver_first) {
     buffers.resize(2);
     buffers[0] = {slab.data(), 3000, 7, region};
     buffers[1] = {slab.data() + kSlot, 90000, 8, region};
-    require(in->irecv(buffers, request) == Status::kOk, in->last_error());
+    require(post_into(in->irecv(buffers), request) == Status::kOk, in->last_error());
     done = false;
     status = Status::kOk;
     poll_until([&] { return done || status != Status::kOk; },
                [&] {
-                 status = in->test(request, done, {sizes.data(), 2});
+                 status = test_once(*in, request, done, {sizes.data(), 2});
                },
                "next receive");
     require(status == Status::kOk, in->last_error());
@@ -230,14 +231,15 @@ void refusals(bool receiver_first) {
     fill_pattern({slab.data() + 2 * kSlot, 600}, 12);
     MemoryRegion region = out->register_memory(slab.data(), slab.size());
     if (receiver_first) channel.recv_value<int>();
-    Request* fits = nullptr;
-    Request* wrong_tag = nullptr;
-    Request* too_large = nullptr;
-    require(out->isend(slab.data() + kSlot, 40000, 101, region, fits) == Status::kOk,
+    Request fits;
+    Request wrong_tag;
+    Request too_large;
+    require(post_into(out->isend(slab.data() + kSlot, 40000, 101, region), fits) == Status::kOk,
             out->last_error());
-    require(out->isend(slab.data() + 2 * kSlot, 600, 555, region, wrong_tag) == Status::kOk,
-            out->last_error());
-    require(out->isend(slab.data(), 6000, 102, region, too_large) == Status::kOk,
+    require(
+        post_into(out->isend(slab.data() + 2 * kSlot, 600, 555, region), wrong_tag) == Status::kOk,
+        out->last_error());
+    require(post_into(out->isend(slab.data(), 6000, 102, region), too_large) == Status::kOk,
             out->last_error());
     if (!receiver_first) channel.send_value(1);
     finish(*out, fits);
@@ -248,11 +250,12 @@ void refusals(bool receiver_first) {
     require(channel.recv_value<int>() == 2, "receiver out of step");
     fill_pattern({slab.data(), 3000}, 21);
     fill_pattern({slab.data() + kSlot, 90000}, 22);
-    Request* second = nullptr;
-    Request* first = nullptr;
-    require(out->isend(slab.data() + kSlot, 90000, 8, region, second) == Status::kOk,
+    Request second;
+    Request first;
+    require(post_into(out->isend(slab.data() + kSlot, 90000, 8, region), second) == Status::kOk,
             out->last_error());
-    require(out->isend(slab.data(), 3000, 7, region, first) == Status::kOk, out->last_error());
+    require(post_into(out->isend(slab.data(), 3000, 7, region), first) == Status::kOk,
+            out->last_error());
     finish(*out, second);
     finish(*out, first);
     channel.barrier();

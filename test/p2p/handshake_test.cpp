@@ -72,8 +72,8 @@ void listener_role(Channel& channel) {
   const CloseOnUnwind guard{in.get()};
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), buffer.size(), 5, region};
-  Request* request = nullptr;
-  require(in->irecv({&target, 1}, request) == Status::kOk, in->last_error());
+  Request request;
+  require(post_into(in->irecv({&target, 1}), request) == Status::kOk, in->last_error());
   require(finish(*in, request) == buffer.size(), "delivered size");
   const std::string error = check_pattern(buffer, 91);
   require(error.empty(), error);
@@ -125,8 +125,8 @@ void forger_role(Channel& channel) {
   const CloseOnUnwind guard{out.get()};
   fill_pattern(buffer, 91);
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-  Request* request = nullptr;
-  require(out->isend(buffer.data(), buffer.size(), 5, region, request) == Status::kOk,
+  Request request;
+  require(post_into(out->isend(buffer.data(), buffer.size(), 5, region), request) == Status::kOk,
           out->last_error());
   finish(*out, request);
   channel.barrier();

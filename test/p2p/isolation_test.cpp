@@ -58,12 +58,12 @@ struct Ending {
   double ms = 0;  // from the start of the wait
 };
 
-Ending wait_end(Communicator& comm, Request* request, std::chrono::seconds bound = 30s,
+Ending wait_end(Communicator& comm, Request request, std::chrono::seconds bound = 30s,
                 std::span<std::size_t> sizes = {}) {
   const auto start = Clock::now();
   bool done = false;
   Ending end;
-  poll_until([&] { return done; }, [&] { end.status = comm.test(request, done, sizes); },
+  poll_until([&] { return done; }, [&] { end.status = test_once(comm, request, done, sizes); },
              "the request to end", bound);
   end.error = comm.last_error();
   end.ms = ms_since(start);
@@ -84,12 +84,12 @@ void closing_receiver(Channel& channel) {
   std::unique_ptr<RecvComm> in = accept_one(listener);
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), buffer.size(), 1, region};
-  Request* receive = nullptr;
-  require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+  Request receive;
+  require(post_into(in->irecv({&target, 1}), receive) == Status::kOk, in->last_error());
   require(channel.recv_value<int>() == 1, "sender out of step");  // its writes are posted
   const auto until = Clock::now() + std::chrono::milliseconds(50);
   bool done = false;
-  while (!done && Clock::now() < until) (void)in->test(receive, done, {});
+  while (!done && Clock::now() < until) (void)test_once(*in, receive, done, {});
   const auto start = Clock::now();
   in->close();
   const double took = ms_since(start);
@@ -107,13 +107,13 @@ void idle_sender(Channel& channel) {
   Context context(isolation_config());
   std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-  Request* send = nullptr;
-  require(out->isend(buffer.data(), buffer.size(), 1, region, send) == Status::kOk,
+  Request send;
+  require(post_into(out->isend(buffer.data(), buffer.size(), 1, region), send) == Status::kOk,
           out->last_error());
   bool done = false;
   Ending end;
   poll_until([&] { return done || bytes_written(context) != 0; },
-             [&] { end.status = out->test(send, done, {}); }, "the writes to be posted", 30s);
+             [&] { end.status = test_once(*out, send, done, {}); }, "the writes to be posted", 30s);
   channel.send_value(1);
   // Busy elsewhere: no loom call until the receiver closed.
   require(channel.recv_value<int>() == 2, "receiver out of step");
@@ -161,8 +161,8 @@ void close_early_listener(Channel& channel, Closer closer) {
   channel.barrier();                   // the sender closes meanwhile
   std::this_thread::sleep_for(kBusy);  // no loom call here
   RecvBuffer target{buffer.data(), buffer.size(), 3, region};
-  Request* receive = nullptr;
-  const Status posted = in->irecv({&target, 1}, receive);
+  Request receive;
+  const Status posted = post_into(in->irecv({&target, 1}), receive);
   Ending end{posted, in->last_error(), 0};
   if (posted == Status::kOk) end = wait_end(*in, receive);
   std::fprintf(stderr, "receive after the sender's early close: %s in %.0f ms: %s\n",
@@ -189,8 +189,8 @@ void close_early_connector(Channel& channel, Closer closer) {
   }
   channel.barrier();  // the receiver closed
   std::this_thread::sleep_for(kBusy);
-  Request* send = nullptr;
-  const Status posted = out->isend(buffer.data(), buffer.size(), 3, region, send);
+  Request send;
+  const Status posted = post_into(out->isend(buffer.data(), buffer.size(), 3, region), send);
   Ending end{posted, out->last_error(), 0};
   if (posted == Status::kOk) end = wait_end(*out, send);
   std::fprintf(stderr, "send after the receiver's early close: %s in %.0f ms: %s\n",
@@ -227,14 +227,14 @@ void waiting_receiver(Channel& channel) {
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   // Two receives: the first announced before the close, the second after it.
   RecvBuffer first{buffer.data(), 1024, 1, region};
-  Request* before = nullptr;
-  require(in->irecv({&first, 1}, before) == Status::kOk, in->last_error());
+  Request before;
+  require(post_into(in->irecv({&first, 1}), before) == Status::kOk, in->last_error());
   channel.barrier();
   channel.barrier();  // the sender has closed
   RecvBuffer second{buffer.data() + 1024, buffer.size() - 1024, 2, region};
-  Request* after = nullptr;
-  const Status posted = in->irecv({&second, 1}, after);
-  for (Request* request : {before, after}) {
+  Request after;
+  const Status posted = post_into(in->irecv({&second, 1}), after);
+  for (Request request : {before, after}) {
     if (request == after && posted != Status::kOk) {
       require(posted == Status::kPeerError, "irecv after the close: " + in->last_error());
       continue;
@@ -276,8 +276,9 @@ void quiet_sender(Channel& channel) {
   Context context(isolation_config());
   std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
   const CloseOnUnwind guard{out.get()};
-  Request* send = nullptr;
-  require(out->isend(nullptr, 0, 9, MemoryRegion{}, send) == Status::kOk, out->last_error());
+  Request send;
+  require(post_into(out->isend(nullptr, 0, 9, MemoryRegion{}), send) == Status::kOk,
+          out->last_error());
   const Ending end = wait_end(*out, send);
   require(end.status == Status::kOk, "the empty send: " + end.error);
   channel.send_value(1);
@@ -296,8 +297,8 @@ void receiver_of_empty(Channel& channel) {
   const CloseOnUnwind guard{in.get()};
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), buffer.size(), 9, region};
-  Request* receive = nullptr;
-  require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+  Request receive;
+  require(post_into(in->irecv({&target, 1}), receive) == Status::kOk, in->last_error());
   require(channel.recv_value<int>() == 1, "sender out of step");
   std::size_t size = 99;
   const Ending end = wait_end(*in, receive, 30s, {&size, 1});
@@ -333,8 +334,8 @@ void late_receiver(Channel& channel) {
   require(channel.recv_value<int>() == 1, "sender out of step");  // it deregistered
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), buffer.size(), 4, region};
-  Request* receive = nullptr;
-  require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+  Request receive;
+  require(post_into(in->irecv({&target, 1}), receive) == Status::kOk, in->last_error());
   std::size_t size = 0;
   const Ending end = wait_end(*in, receive, 30s, {&size, 1});
   require(end.status == Status::kOk, "the receive: " + end.error);
@@ -353,14 +354,14 @@ void deregistering_sender(Channel& channel) {
   std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
   const CloseOnUnwind guard{out.get()};
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-  Request* send = nullptr;
-  require(out->isend(buffer.data(), buffer.size(), 4, region, send) == Status::kOk,
+  Request send;
+  require(post_into(out->isend(buffer.data(), buffer.size(), 4, region), send) == Status::kOk,
           out->last_error());
   out->deregister(region);  // a misuse: the send waits for its clear-to-send
-  Request* again = nullptr;
-  require(out->isend(buffer.data(), 1024, 4, region, again) == Status::kInvalid,
+  Request again;
+  require(post_into(out->isend(buffer.data(), 1024, 4, region), again) == Status::kInvalid,
           "a send through a deregistered region was taken");
-  require(out->last_error().find("not registered") != std::string::npos,
+  require(out->last_error().find("deregistered") != std::string::npos,
           "unclear refusal: " + out->last_error());
   channel.send_value(1);
   const Ending end = wait_end(*out, send);
@@ -386,8 +387,8 @@ void waiting_side(Channel& channel) {
   const CloseOnUnwind guard{in.get()};
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), buffer.size(), 6, region};
-  Request* receive = nullptr;
-  require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+  Request receive;
+  require(post_into(in->irecv({&target, 1}), receive) == Status::kOk, in->last_error());
   channel.send_value(1);
   std::size_t size = 0;
   const Ending end = wait_end(*in, receive, 30s, {&size, 1});
@@ -407,8 +408,8 @@ void idle_side(Channel& channel) {
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
   require(channel.recv_value<int>() == 1, "receiver out of step");
   std::this_thread::sleep_for(std::chrono::milliseconds(3 * kPeerTimeoutMs + 500));
-  Request* send = nullptr;
-  require(out->isend(buffer.data(), buffer.size(), 6, region, send) == Status::kOk,
+  Request send;
+  require(post_into(out->isend(buffer.data(), buffer.size(), 6, region), send) == Status::kOk,
           "the idle side's send: " + out->last_error());
   const Ending end = wait_end(*out, send);
   require(end.status == Status::kOk, "the idle side's send: " + end.error);

@@ -131,8 +131,8 @@ TEST_CASE("p2p wait with a timeout returns while the peer never posts, and sleep
   fill_pattern(sent, 12);
   MemoryRegion send_region = out->register_memory(sent.data(), sent.size());
   MemoryRegion recv_region = in->register_memory(received.data(), received.size());
-  Request* send = nullptr;
-  REQUIRE(out->isend(sent.data(), sent.size(), 4, send_region, send) == Status::kOk);
+  Request send;
+  REQUIRE(post_into(out->isend(sent.data(), sent.size(), 4, send_region), send) == Status::kOk);
 
   const auto start = std::chrono::steady_clock::now();
   const double cpu_start = thread_cpu_seconds();
@@ -150,8 +150,8 @@ TEST_CASE("p2p wait with a timeout returns while the peer never posts, and sleep
 
   // The request is still live: a receive completes it.
   RecvBuffer target{received.data(), received.size(), 4, recv_region};
-  Request* receive = nullptr;
-  REQUIRE(in->irecv({&target, 1}, receive) == Status::kOk);
+  Request receive;
+  REQUIRE(post_into(in->irecv({&target, 1}), receive) == Status::kOk);
   REQUIRE(in->wait(receive, {}, std::chrono::milliseconds(20000)) == Status::kOk);
   REQUIRE(out->wait(send, {}, std::chrono::milliseconds(20000)) == Status::kOk);
   REQUIRE(check_pattern(received, 12).empty());
@@ -180,14 +180,15 @@ TEST_CASE("p2p 10000 open/close cycles with requests in flight keep memory and d
     // Left in flight: an eager receive, a message for it, and a rendezvous send with no
     // buffer for it.
     RecvBuffer target{buffer.data(), 1000, 1, recv_region};
-    Request* receive = nullptr;
-    Request* small = nullptr;
-    Request* large = nullptr;
-    REQUIRE(in->irecv({&target, 1}, receive) == Status::kOk);
-    REQUIRE(out->isend(buffer.data(), 1000, 1, send_region, small) == Status::kOk);
-    REQUIRE(out->isend(buffer.data(), buffer.size(), 2, send_region, large) == Status::kOk);
+    Request receive;
+    Request small;
+    Request large;
+    REQUIRE(post_into(in->irecv({&target, 1}), receive) == Status::kOk);
+    REQUIRE(post_into(out->isend(buffer.data(), 1000, 1, send_region), small) == Status::kOk);
+    REQUIRE(post_into(out->isend(buffer.data(), buffer.size(), 2, send_region), large) ==
+            Status::kOk);
     bool done = false;
-    (void)out->test(small, done, {});
+    (void)test_once(*out, small, done, {});
     if (cycle % 2 == 0) {
       out->close();
       in->close();
@@ -229,13 +230,13 @@ void stalled_receiver(Channel& channel) {
   std::unique_ptr<RecvComm> resident = accept_one(listener);
   MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
   RecvBuffer target{buffer.data(), buffer.size(), 1, region};
-  Request* receive = nullptr;
-  require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+  Request receive;
+  require(post_into(in->irecv({&target, 1}), receive) == Status::kOk, in->last_error());
   bool done = false;
   Status status = Status::kOk;
   // Once done, the request is back in the pool: testing it again is an error.
   auto test_receive = [&] {
-    if (!done) status = in->test(receive, done, {});
+    if (!done) status = test_once(*in, receive, done, {});
   };
   channel.send_value(static_cast<int>(::getpid()));
   // The sender stops this process while the data flows, and says when it closed. On a fast
@@ -260,8 +261,8 @@ void closing_sender(Channel& channel) {
   std::unique_ptr<SendComm> resident = connect_one(context, handle);
   fill_pattern(buffer, 3);
   MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-  Request* send = nullptr;
-  require(out->isend(buffer.data(), buffer.size(), 1, region, send) == Status::kOk,
+  Request send;
+  require(post_into(out->isend(buffer.data(), buffer.size(), 1, region), send) == Status::kOk,
           out->last_error());
   const pid_t receiver = channel.recv_value<int>();
   bool done = false;
@@ -271,12 +272,12 @@ void closing_sender(Channel& channel) {
       for (const auto& rail : lane.rails) bytes += rail.bytes_written;
     return bytes;
   };
-  poll_until([&] { return done || written() != 0; }, [&] { (void)out->test(send, done, {}); },
+  poll_until([&] { return done || written() != 0; }, [&] { (void)test_once(*out, send, done, {}); },
              "the writes to be posted", 60s);
   ::kill(receiver, SIGSTOP);
   auto test_for = [&](std::chrono::milliseconds how_long) {
     const auto until = std::chrono::steady_clock::now() + how_long;
-    while (!done && std::chrono::steady_clock::now() < until) (void)out->test(send, done, {});
+    while (!done && std::chrono::steady_clock::now() < until) (void)test_once(*out, send, done, {});
   };
   test_for(std::chrono::milliseconds(200));
   out->close();
@@ -287,13 +288,14 @@ void closing_sender(Channel& channel) {
   // The resident communicator's progress runs the lane: the writes finish, and the lane frees
   // the communicator they belonged to.
   MemoryRegion small_region = resident->register_memory(small.data(), small.size());
-  Request* probe = nullptr;
-  require(resident->isend(small.data(), small.size(), 9, small_region, probe) == Status::kOk,
-          resident->last_error());
+  Request probe;
+  require(
+      post_into(resident->isend(small.data(), small.size(), 9, small_region), probe) == Status::kOk,
+      resident->last_error());
   bool probe_done = false;
   channel.send_value(1);
   poll_until([&] { return retired(context) == 0 && channel.readable(); },
-             [&] { (void)resident->test(probe, probe_done, {}); },
+             [&] { (void)test_once(*resident, probe, probe_done, {}); },
              "the retired communicator to be freed", 30s);
   require(channel.recv_value<int>() == 2, "receiver out of step");
   channel.send_value(3);

@@ -33,12 +33,12 @@ Config failure_config() {
 }
 
 // Waits for `request`, which must fail with kPeerError within kBound of `since`.
-void expect_peer_error(Communicator& comm, Request* request,
+void expect_peer_error(Communicator& comm, Request request,
                        std::chrono::steady_clock::time_point since, const char* what) {
   bool done = false;
   Status status = Status::kOk;
   poll_until([&] { return done || status != Status::kOk; },
-             [&] { status = comm.test(request, done, {}); }, what, 30s);
+             [&] { status = test_once(comm, request, done, {}); }, what, 30s);
   const auto took = std::chrono::steady_clock::now() - since;
   std::fprintf(
       stderr, "%s: %s after %lld ms: %s\n", what, std::string(to_string(status)).c_str(),
@@ -73,20 +73,20 @@ void survivor(Channel& channel, Phase phase) {
   std::unique_ptr<SendComm> out = connect_one(context, recv_handle(channel));
   MemoryRegion out_region = out->register_memory(buffer.data(), buffer.size());
 
-  Request* first = nullptr;
-  Request* second = nullptr;
+  Request first;
+  Request second;
   const std::size_t size = phase == Phase::kEagerReceive ? 1000 : kLarge;
   if (phase == Phase::kRendezvousSend) {
     fill_pattern(buffer, 5);
-    require(out->isend(buffer.data(), size, 1, out_region, first) == Status::kOk,
+    require(post_into(out->isend(buffer.data(), size, 1, out_region), first) == Status::kOk,
             out->last_error());
-    require(out->isend(buffer.data(), size, 2, out_region, second) == Status::kOk,
+    require(post_into(out->isend(buffer.data(), size, 2, out_region), second) == Status::kOk,
             out->last_error());
   } else {
     RecvBuffer a{buffer.data(), size, 1, region};
     RecvBuffer b{buffer.data() + size, size / 2, 2, region};
-    require(in->irecv({&a, 1}, first) == Status::kOk, in->last_error());
-    require(in->irecv({&b, 1}, second) == Status::kOk, in->last_error());
+    require(post_into(in->irecv({&a, 1}), first) == Status::kOk, in->last_error());
+    require(post_into(in->irecv({&b, 1}), second) == Status::kOk, in->last_error());
   }
   channel.send_value(1);  // posted: the child may go on and die
   (void)channel.recv_value<int>();
@@ -96,13 +96,13 @@ void survivor(Channel& channel, Phase phase) {
   const auto since = std::chrono::steady_clock::now();
   expect_peer_error(comm, first, since, "first request");
   expect_peer_error(comm, second, since, "second request");
-  Request* late = nullptr;
+  Request late;
   if (phase == Phase::kRendezvousSend) {
-    require(out->isend(buffer.data(), 10, 3, out_region, late) == Status::kPeerError,
+    require(post_into(out->isend(buffer.data(), 10, 3, out_region), late) == Status::kPeerError,
             "isend to a dead peer: " + out->last_error());
   } else {
     RecvBuffer c{buffer.data(), 10, 3, region};
-    require(in->irecv({&c, 1}, late) == Status::kPeerError,
+    require(post_into(in->irecv({&c, 1}), late) == Status::kPeerError,
             "irecv from a dead peer: " + in->last_error());
   }
   out->close();
@@ -123,17 +123,17 @@ void doomed(Channel& channel, Phase phase) {
   if (phase == Phase::kRendezvousReceive) {
     // Start the first rendezvous message and die with it in flight.
     MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
-    Request* request = nullptr;
-    require(out->isend(buffer.data(), buffer.size(), 1, region, request) == Status::kOk,
+    Request request;
+    require(post_into(out->isend(buffer.data(), buffer.size(), 1, region), request) == Status::kOk,
             out->last_error());
     bool done = false;
-    for (int i = 0; i < 50 && !done; ++i) (void)out->test(request, done, {});
+    for (int i = 0; i < 50 && !done; ++i) (void)test_once(*out, request, done, {});
   } else if (phase == Phase::kRendezvousSend) {
     // Clear one buffer to send into, then die before the data lands.
     MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
     RecvBuffer target{buffer.data(), buffer.size(), 1, region};
-    Request* request = nullptr;
-    require(in->irecv({&target, 1}, request) == Status::kOk, in->last_error());
+    Request request;
+    require(post_into(in->irecv({&target, 1}), request) == Status::kOk, in->last_error());
   }
   channel.send_value(1);
   die();
@@ -192,18 +192,18 @@ TEST_CASE("p2p a live peer is not taken as dead after an idle spell or during a 
   MemoryRegion send_region = out->register_memory(sent.data(), sent.size());
   MemoryRegion recv_region = in->register_memory(received.data(), received.size());
   RecvBuffer target{received.data(), received.size(), 1, recv_region};
-  Request* receive = nullptr;
-  require(in->irecv({&target, 1}, receive) == Status::kOk, in->last_error());
+  Request receive;
+  require(post_into(in->irecv({&target, 1}), receive) == Status::kOk, in->last_error());
   const auto until =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(3 * kShortTimeoutMs);
   while (std::chrono::steady_clock::now() < until) {
     bool done = false;
-    require(in->test(receive, done, {}) == Status::kOk,
+    require(test_once(*in, receive, done, {}) == Status::kOk,
             "a live peer taken as dead: " + in->last_error());
     require(!done, "a receive finished with nothing sent");
   }
-  Request* send = nullptr;
-  require(out->isend(sent.data(), sent.size(), 1, send_region, send) == Status::kOk,
+  Request send;
+  require(post_into(out->isend(sent.data(), sent.size(), 1, send_region), send) == Status::kOk,
           out->last_error());
   finish(*out, send);
   require(finish(*in, receive) == sent.size(), "wrong size");

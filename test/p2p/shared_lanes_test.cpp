@@ -60,7 +60,7 @@ HubLink link_peer(Context& context, Listener& listener, Channel& channel) {
 // A message in flight with its buffer; the seed says what it must hold.
 struct Transfer {
   Communicator* comm = nullptr;
-  Request* request = nullptr;
+  Request request;
   std::vector<std::byte> buffer;
   MemoryRegion region;
   std::uint64_t seed = 0;  // receives: the pattern expected
@@ -86,7 +86,7 @@ void post_send(Transfer& t, SendComm& out, std::size_t size, std::uint64_t seed)
   t.comm = &out;
   if (t.buffer.size() != size || t.seed != seed) fill(t, size, seed);
   t.region = out.register_memory(t.buffer.data(), size);
-  require(out.isend(t.buffer.data(), size, 7, t.region, t.request) == Status::kOk,
+  require(post_into(out.isend(t.buffer.data(), size, 7, t.region), t.request) == Status::kOk,
           out.last_error());
 }
 
@@ -97,14 +97,14 @@ void post_receive(Transfer& t, RecvComm& in, std::size_t size, std::uint64_t see
   t.buffer.assign(size, std::byte{0});
   t.region = in.register_memory(t.buffer.data(), size);
   RecvBuffer target{t.buffer.data(), size, 7, t.region};
-  require(in.irecv({&target, 1}, t.request) == Status::kOk, in.last_error());
+  require(post_into(in.irecv({&target, 1}), t.request) == Status::kOk, in.last_error());
 }
 
 // One test() of `t` if it is pending; true once it ended (ok or not).
 bool step(Transfer& t) {
   if (t.done) return true;
   std::size_t size = 0;
-  t.status = t.comm->test(t.request, t.done, {&size, 1});
+  t.status = test_once(*t.comm, t.request, t.done, {&size, 1});
   if (t.status != Status::kOk) t.done = true;
   if (!t.done) return false;
   t.ended = std::chrono::steady_clock::now();
@@ -403,7 +403,7 @@ TEST_CASE("p2p shared lanes: a slow peer's posted receives leave room for the ot
     HubLink slow = link_peer(context, listener, channels[0]);
     HubLink fast = link_peer(context, listener, channels[1]);
     std::vector<MemoryRegion> regions;
-    std::vector<Request*> pending(kRequests);
+    std::vector<Request> pending(kRequests);
     for (std::size_t r = 0; r < kRequests; ++r) {
       RecvBuffer targets[kMaxRecvBuffers];
       for (std::size_t k = 0; k < kMaxRecvBuffers; ++k) {
@@ -411,7 +411,7 @@ TEST_CASE("p2p shared lanes: a slow peer's posted receives leave room for the ot
         regions.push_back(slow.in->register_memory(buffer.data(), kSmall));
         targets[k] = RecvBuffer{buffer.data(), kSmall, static_cast<Tag>(100 + k), regions.back()};
       }
-      require(slow.in->irecv(targets, pending[r]) == Status::kOk, slow.in->last_error());
+      require(post_into(slow.in->irecv(targets), pending[r]) == Status::kOk, slow.in->last_error());
     }
     // Peer 1's messages, one at a time: each needs a receive posted on the shared lane.
     for (std::size_t round = 0; round < kRounds; ++round) {
@@ -426,7 +426,7 @@ TEST_CASE("p2p shared lanes: a slow peer's posted receives leave room for the ot
       bool done = false;
       Status status = Status::kOk;
       poll_until([&] { return done || status != Status::kOk; },
-                 [&] { status = slow.in->test(pending[r], done, sizes); },
+                 [&] { status = test_once(*slow.in, pending[r], done, sizes); },
                  "the slow peer's "
                  "messages",
                  60s);
@@ -463,9 +463,10 @@ TEST_CASE("p2p shared lanes: a slow peer's posted receives leave room for the ot
         Status status = Status::kRetry;
         poll_until([&] { return status != Status::kRetry; },
                    [&] {
-                     status = link.out->isend(t.buffer.data(), kSmall, tag, t.region, t.request);
+                     status = post_into(link.out->isend(t.buffer.data(), kSmall, tag, t.region),
+                                        t.request);
                      for (Transfer& earlier : transfers) {
-                       if (earlier.request != nullptr && &earlier != &t) step(earlier);
+                       if (earlier.request.valid() && &earlier != &t) step(earlier);
                      }
                    },
                    "room to send", 60s);
@@ -610,7 +611,7 @@ void scale_peer(Channel& channel, std::size_t index) {
     later.buffer.assign(kUnreceivedBytes, std::byte{0});
     later.region = link.in->register_memory(later.buffer.data(), later.buffer.size());
     RecvBuffer target{later.buffer.data(), later.buffer.size(), 7, later.region};
-    later.status = link.in->irecv({&target, 1}, later.request);
+    later.status = post_into(link.in->irecv({&target, 1}), later.request);
     if (later.status == Status::kOk) {
       poll_until([&] { return step(later); }, [] {}, "the hub's verdict", 30s);
     } else {

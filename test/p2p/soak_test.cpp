@@ -207,7 +207,7 @@ class Ring {
 };
 
 struct Slot {
-  Request* request = nullptr;
+  Request request;
   std::size_t index = 0;
   std::size_t offset = 0;  // in the ring (receiver)
   std::size_t capacity = 0;
@@ -268,8 +268,8 @@ void soak_receiver(Channel& channel, const Settings& settings, Summary& summary,
         const std::size_t at = rings[c].take(capacity);
         if (at == SIZE_MAX) break;
         RecvBuffer buffer{rings[c].slab().data() + at, capacity, m.tag, regions[c]};
-        Request* request = nullptr;
-        expect_ok(comm.irecv({&buffer, 1}, request), comm, [&] {
+        Request request;
+        expect_ok(post_into(comm.irecv({&buffer, 1}), request), comm, [&] {
           return "comm " + std::to_string(c) + " irecv " + std::to_string(posted[c]);
         });
         inflight[c].push_back(Slot{request, posted[c]++, at, capacity});
@@ -278,7 +278,7 @@ void soak_receiver(Channel& channel, const Settings& settings, Summary& summary,
       Slot& slot = inflight[c].front();
       bool done = false;
       std::size_t delivered = 0;
-      const Status status = comm.test(slot.request, done, {&delivered, 1});
+      const Status status = test_once(comm, slot.request, done, {&delivered, 1});
       const Message m = plan(settings, c, slot.index);
       auto what = [&] {
         return "comm " + std::to_string(c) + " message " + std::to_string(slot.index) + " (" +
@@ -361,16 +361,17 @@ void soak_sender(Channel& channel, const Settings& settings, Summary& summary) {
       SendComm& comm = *comms[c];
       while (posted[c] < settings.messages && inflight[c].size() < kWindow) {
         const Message m = plan(settings, c, posted[c]);
-        Request* request = nullptr;
+        Request request;
         expect_ok(
-            comm.isend(source.data() + m.offset, m.size, m.tag, regions[c], request), comm,
+            post_into(comm.isend(source.data() + m.offset, m.size, m.tag, regions[c]), request),
+            comm,
             [&] { return "comm " + std::to_string(c) + " isend " + std::to_string(posted[c]); });
         inflight[c].push_back(Slot{request, posted[c]++, m.offset, m.size});
       }
       if (inflight[c].empty()) continue;
       Slot& slot = inflight[c].front();
       bool done = false;
-      expect_ok(comm.test(slot.request, done, {}), comm, [&] {
+      expect_ok(test_once(comm, slot.request, done, {}), comm, [&] {
         return "comm " + std::to_string(c) + " message " + std::to_string(slot.index);
       });
       if (!done) continue;

@@ -124,7 +124,7 @@ class Worker {
     const CloseOnUnwind guard{out_.get(), in_.get()};
     const MemoryRegion send_region = out_->register_memory(send_slab.data(), send_slab.size());
     const MemoryRegion recv_region = in_->register_memory(recv_slab.data(), recv_slab.size());
-    std::array<Request*, kWindow> sends{}, receives{};
+    std::array<Request, kWindow> sends{}, receives{};
     std::size_t sent = 0, send_done = 0, posted = 0, received = 0;
     std::size_t bytes_sent = 0, bytes_received = 0;
     const auto deadline = std::chrono::steady_clock::now() + kExchangeTimeout;
@@ -139,7 +139,8 @@ class Worker {
         RecvBuffer buffer{recv_slab.data() + slot * kMaxSize,
                           eager_message(posted) ? kEagerMax : kMaxSize, tag_of(posted),
                           recv_region};
-        require(in_->irecv({&buffer, 1}, receives[slot]) == Status::kOk, in_->last_error());
+        require(post_into(in_->irecv({&buffer, 1}), receives[slot]) == Status::kOk,
+                in_->last_error());
         ++posted;
       }
       while (sent < kMessages && sent - send_done < kWindow) {
@@ -147,21 +148,23 @@ class Worker {
         const std::uint64_t seed = seed_of(shared_.me, index_, sent);
         std::byte* data = send_slab.data() + slot * kMaxSize;
         fill_pattern({data, size_of(seed, sent)}, seed);
-        require(out_->isend(data, size_of(seed, sent), tag_of(sent), send_region, sends[slot]) ==
-                    Status::kOk,
+        require(post_into(out_->isend(data, size_of(seed, sent), tag_of(sent), send_region),
+                          sends[slot]) == Status::kOk,
                 out_->last_error());
         bytes_sent += size_of(seed, sent);
         ++sent;
       }
       bool done = false;
       if (send_done < sent) {
-        require(out_->test(sends[send_done % kWindow], done) == Status::kOk, out_->last_error());
+        require(test_once(*out_, sends[send_done % kWindow], done) == Status::kOk,
+                out_->last_error());
         if (done) ++send_done;
       }
       if (received < posted) {
         std::size_t delivered = 0;
         const std::size_t slot = received % kWindow;
-        require(in_->test(receives[slot], done, {&delivered, 1}) == Status::kOk, in_->last_error());
+        require(test_once(*in_, receives[slot], done, {&delivered, 1}) == Status::kOk,
+                in_->last_error());
         if (done) {
           verify(received, {recv_slab.data() + slot * kMaxSize, delivered});
           bytes_received += delivered;

@@ -31,9 +31,10 @@ void sweep_receiver(Channel& channel, unsigned rails) {
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     // Odd messages get a buffer larger than the message: the delivered size must say so.
     const std::size_t capacity = sizes[i] + (i % 2 ? 1000 : 0);
-    Request* request = nullptr;
+    Request request;
     RecvBuffer target{buffer.data(), capacity, static_cast<Tag>(i + 7), region};
-    require(comm->irecv({&target, 1}, request) == Status::kOk, "irecv: " + comm->last_error());
+    require(post_into(comm->irecv({&target, 1}), request) == Status::kOk,
+            "irecv: " + comm->last_error());
     const std::size_t delivered = finish(*comm, request);
     require(delivered == sizes[i],
             "size " + std::to_string(sizes[i]) + " delivered as " + std::to_string(delivered));
@@ -54,10 +55,10 @@ void sweep_sender(Channel& channel, unsigned rails) {
   MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     fill_pattern({buffer.data(), sizes[i]}, rails * 1000 + i);
-    Request* request = nullptr;
+    Request request;
     const auto start = std::chrono::steady_clock::now();
-    require(comm->isend(buffer.data(), sizes[i], static_cast<Tag>(i + 7), region, request) ==
-                Status::kOk,
+    require(post_into(comm->isend(buffer.data(), sizes[i], static_cast<Tag>(i + 7), region),
+                      request) == Status::kOk,
             "isend: " + comm->last_error());
     finish(*comm, request);
     if (sizes[i] == (64u << 20)) {
@@ -107,14 +108,14 @@ TEST_CASE("p2p 1000 messages of random sizes and tags in a window of 64 keep ord
     std::vector<std::byte> slab(kWindow * (kMaxSize + 64));
     const CloseOnUnwind guard{comm.get()};
     MemoryRegion region = comm->register_memory(slab.data(), slab.size());
-    std::vector<Request*> inflight(kWindow, nullptr);
+    std::vector<Request> inflight(kWindow);
     std::size_t posted = 0, completed = 0;
     while (completed < kMessages) {
       while (posted < kMessages && posted - completed < kWindow) {
         const std::size_t slot = posted % kWindow;
         RecvBuffer b{slab.data() + slot * (kMaxSize + 64), plan[posted].size + 64, plan[posted].tag,
                      region};
-        require(comm->irecv({&b, 1}, inflight[slot]) == Status::kOk, comm->last_error());
+        require(post_into(comm->irecv({&b, 1}), inflight[slot]) == Status::kOk, comm->last_error());
         ++posted;
       }
       const std::size_t slot = completed % kWindow;
@@ -134,15 +135,15 @@ TEST_CASE("p2p 1000 messages of random sizes and tags in a window of 64 keep ord
     std::vector<std::byte> slab(kWindow * kMaxSize);
     const CloseOnUnwind guard{comm.get()};
     MemoryRegion region = comm->register_memory(slab.data(), slab.size());
-    std::vector<Request*> inflight(kWindow, nullptr);
+    std::vector<Request> inflight(kWindow);
     std::size_t posted = 0, completed = 0;
     while (completed < kMessages) {
       while (posted < kMessages && posted - completed < kWindow) {
         const std::size_t slot = posted % kWindow;
         std::byte* data = slab.data() + slot * kMaxSize;
         fill_pattern({data, plan[posted].size}, posted);
-        require(comm->isend(data, plan[posted].size, plan[posted].tag, region, inflight[slot]) ==
-                    Status::kOk,
+        require(post_into(comm->isend(data, plan[posted].size, plan[posted].tag, region),
+                          inflight[slot]) == Status::kOk,
                 comm->last_error());
         ++posted;
       }
@@ -204,9 +205,10 @@ TEST_CASE("p2p messages into buffers above either side's eager limit", "[pair]")
       MemoryRegion region = comm->register_memory(buffer.data(), buffer.size());
       std::uint64_t written = 0;
       for (std::size_t i = 0; i < cases.size(); ++i) {
-        Request* request = nullptr;
+        Request request;
         RecvBuffer target{buffer.data(), cases[i].buffer, static_cast<Tag>(i + 40), region};
-        require(comm->irecv({&target, 1}, request) == Status::kOk, "irecv: " + comm->last_error());
+        require(post_into(comm->irecv({&target, 1}), request) == Status::kOk,
+                "irecv: " + comm->last_error());
         const std::size_t delivered = finish(*comm, request);
         require(delivered == cases[i].message, "case " + std::to_string(i) + ": delivered " +
                                                    std::to_string(delivered) + " of " +
@@ -233,9 +235,10 @@ TEST_CASE("p2p messages into buffers above either side's eager limit", "[pair]")
       for (std::size_t i = 0; i < cases.size(); ++i) {
         fill_pattern({buffer.data(), cases[i].message}, 500 + i);
         const std::uint64_t control_before = control_bytes_sent(context);
-        Request* request = nullptr;
-        require(comm->isend(buffer.data(), cases[i].message, static_cast<Tag>(i + 40), region,
-                            request) == Status::kOk,
+        Request request;
+        require(post_into(
+                    comm->isend(buffer.data(), cases[i].message, static_cast<Tag>(i + 40), region),
+                    request) == Status::kOk,
                 "isend: " + comm->last_error());
         finish(*comm, request);
         const Case& c = cases[i];
@@ -273,12 +276,12 @@ TEST_CASE("p2p multi-buffer receive and forced flush", "[pair]") {
     for (std::size_t i = 0; i < kParts; ++i) {
       buffers[i] = {slab.data() + i * 300000, 300000, static_cast<Tag>(100 + i), region};
     }
-    Request* request = nullptr;
-    require(comm->irecv(buffers, request) == Status::kOk, comm->last_error());
+    Request request;
+    require(post_into(comm->irecv(buffers), request) == Status::kOk, comm->last_error());
     std::size_t sizes[kParts] = {};
     bool done = false;
     Status status = Status::kOk;
-    poll_until([&] { return done; }, [&] { status = comm->test(request, done, sizes); },
+    poll_until([&] { return done; }, [&] { status = test_once(*comm, request, done, sizes); },
                "multi-buffer receive");
     require(status == Status::kOk, comm->last_error());
     for (std::size_t i = 0; i < kParts; ++i) {
@@ -288,9 +291,8 @@ TEST_CASE("p2p multi-buffer receive and forced flush", "[pair]") {
       auto error = check_pattern({slab.data() + i * 300000, expected}, 500 + i);
       require(error.empty(), "buffer " + std::to_string(i) + ": " + error);
     }
-    Request* flush = nullptr;
-    require(comm->iflush(buffers, flush) == Status::kOk, comm->last_error());
-    require(flush != nullptr, "LOOM_FORCE_FLUSH: iflush must post a read");
+    Request flush;
+    require(post_into(comm->iflush(buffers), flush) == Status::kOk, comm->last_error());
     finish(*comm, flush);
     channel.barrier();
   };
@@ -300,15 +302,15 @@ TEST_CASE("p2p multi-buffer receive and forced flush", "[pair]") {
     std::vector<std::byte> slab(kParts * 300000);
     const CloseOnUnwind guard{comm.get()};
     MemoryRegion region = comm->register_memory(slab.data(), slab.size());
-    Request* requests[kParts];
+    Request requests[kParts];
     for (std::size_t i = 0; i < kParts; ++i) {
       std::byte* data = slab.data() + i * 300000;
       fill_pattern({data, i * 37000 + 1}, 500 + i);
-      require(comm->isend(data, i * 37000 + 1, static_cast<Tag>(100 + i), region, requests[i]) ==
-                  Status::kOk,
+      require(post_into(comm->isend(data, i * 37000 + 1, static_cast<Tag>(100 + i), region),
+                        requests[i]) == Status::kOk,
               comm->last_error());
     }
-    for (Request* r : requests) finish(*comm, r);
+    for (Request r : requests) finish(*comm, r);
     channel.barrier();
   };
   auto failure = run_pair(receiver, sender);

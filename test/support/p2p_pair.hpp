@@ -99,15 +99,30 @@ inline CommPair connect_both(Connector& connector, Listener& listener, const std
   return pair;
 }
 
+// A post's status, its request kept in `request` (empty unless kOk).
+inline Status post_into(Posted posted, Request& request) {
+  request = posted.request;
+  return posted.status;
+}
+
+// One test() call, split the way most scenarios read it: `done` says whether the request
+// finished, and the status is its outcome then, kOk while it runs.
+inline Status test_once(Communicator& comm, Request request, bool& done,
+                        std::span<std::size_t> sizes = {}) {
+  const Status status = comm.test(request, sizes);
+  done = status != Status::kInProgress;
+  return done ? status : Status::kOk;
+}
+
 // Waits for `request`; requires kOk unless `expect` says otherwise. Returns the sizes.
-inline std::size_t finish(Communicator& comm, Request* request, Status expect = Status::kOk,
+inline std::size_t finish(Communicator& comm, Request request, Status expect = Status::kOk,
                           std::chrono::seconds timeout = 60s) {
   bool done = false;
   std::size_t size = 0;
   Status status = Status::kOk;
   poll_until([&] { return done || status != Status::kOk; },
              [&] {
-               status = comm.test(request, done, {&size, 1});
+               status = test_once(comm, request, done, {&size, 1});
              },
              "request", timeout);
   require(done, "request failed before completing: " + comm.last_error());
@@ -135,11 +150,11 @@ inline void exchange(SendComm& out, RecvComm& in, std::uint64_t out_seed, std::u
   fill_pattern(send_buffer, out_seed);
   MemoryRegion send_region = out.register_memory(send_buffer.data(), size);
   MemoryRegion recv_region = in.register_memory(recv_buffer.data(), size);
-  Request* receive = nullptr;
-  Request* send = nullptr;
+  Request receive;
+  Request send;
   RecvBuffer target{recv_buffer.data(), size, 1, recv_region};
-  require(in.irecv({&target, 1}, receive) == Status::kOk, in.last_error());
-  require(out.isend(send_buffer.data(), size, 1, send_region, send) == Status::kOk,
+  require(post_into(in.irecv({&target, 1}), receive) == Status::kOk, in.last_error());
+  require(post_into(out.isend(send_buffer.data(), size, 1, send_region), send) == Status::kOk,
           out.last_error());
   finish(out, send);
   require(finish(in, receive) == size, "wrong size");

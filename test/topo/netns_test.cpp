@@ -239,8 +239,8 @@ std::string transfer(const Mesh& mesh, const std::string& x, const Leg& at_x, co
     const CloseOnUnwind guard{in.get()};  // a failure frees `buffer` before `in`
     MemoryRegion region = in->register_memory(buffer.data(), size);
     RecvBuffer target{buffer.data(), size, 3, region};
-    Request* request = nullptr;
-    require(in->irecv({&target, 1}, request) == Status::kOk, in->last_error());
+    Request request;
+    require(post_into(in->irecv({&target, 1}), request) == Status::kOk, in->last_error());
     require(finish(*in, request) == size, "delivered size");
     const std::string error = check_pattern(buffer, seed);
     require(error.empty(), error);
@@ -266,8 +266,9 @@ std::string transfer(const Mesh& mesh, const std::string& x, const Leg& at_x, co
     const CloseOnUnwind guard{out.get()};  // a failure frees `buffer` before `out`
     fill_pattern(buffer, seed);
     MemoryRegion region = out->register_memory(buffer.data(), size);
-    Request* request = nullptr;
-    require(out->isend(buffer.data(), size, 3, region, request) == Status::kOk, out->last_error());
+    Request request;
+    require(post_into(out->isend(buffer.data(), size, 3, region), request) == Status::kOk,
+            out->last_error());
     finish(*out, request);
     check_traffic(at_y, before, size, false);
     channel.barrier();
