@@ -381,7 +381,7 @@ void SendCommImpl::match(Request& r) {
       return;
     }
     r.stripes = part.size == 0 ? 0 : 1;  // what the ready-to-send says; none are written
-    r.ready_to_send = ReadyToSendState::kWanted;
+    r.to(ReadyToSendState::kWanted);
     part.to(SendState::kFailing);
     return;
   }
@@ -397,7 +397,7 @@ void SendCommImpl::match(Request& r) {
   // its ready-to-send: it has no write). Otherwise the receiver hears the size from a
   // ready-to-send.
   const bool fills = part.size == clearance.buffer.size && part.size != 0;
-  r.ready_to_send = fills ? ReadyToSendState::kNotNeeded : ReadyToSendState::kWanted;
+  if (!fills) r.to(ReadyToSendState::kWanted);
   part.to(SendState::kWriting);
 }
 

@@ -271,27 +271,41 @@ CloseNotice RecvCommImpl::close_notice(CloseReason reason) {
 
 // Closing waits for them (writes_may_arrive).
 void RecvCommImpl::await_writes(const CloseNotice& notice) {
-  awaiting_writes_ = notice.awaits_writes;
+  if (close_wait_ != CloseWait::kCounting) {
+    close_wait_ = notice.awaits_writes ? CloseWait::kAwaitingCount : CloseWait::kNone;
+  }
 }
 
 bool RecvCommImpl::writes_may_arrive() const noexcept {
-  if (writes_posted_) return static_cast<std::int32_t>(*writes_posted_ - writes_arrived_) > 0;
-  return awaiting_writes_;
+  switch (close_wait_) {
+    case CloseWait::kNone:
+      return false;
+    case CloseWait::kAwaitingCount:
+      return true;
+    case CloseWait::kCounting:
+      return static_cast<std::int32_t>(writes_posted_ - writes_arrived_) > 0;
+  }
+  return false;
 }
 
 void RecvCommImpl::on_writes_posted(std::span<const std::byte> body) {
   WritesPosted answer;
   if (const char* why = decode_writes_posted(body, answer)) {
     util::log().warn("comm {} on lane {}: {}", id_, lane_->id(), why);
-    awaiting_writes_ = false;  // nothing to count on: the close waits no longer
+    // Nothing to count on: the close waits no longer.
+    if (close_wait_ == CloseWait::kAwaitingCount) close_wait_ = CloseWait::kNone;
   } else {
     writes_posted_ = answer.writes;
+    close_wait_ = CloseWait::kCounting;
   }
 }
 
 void RecvCommImpl::fail_unfinished(const CloseNotice& notice, Status status,
                                    const std::string& why) {
-  if (peer_ == PeerState::kClosed) writes_posted_ = notice.writes_posted;  // the sender's notice
+  if (peer_ == PeerState::kClosed) {  // the sender's notice counts its writes
+    writes_posted_ = notice.writes_posted;
+    close_wait_ = CloseWait::kCounting;
+  }
   for (Request& r : requests_.in_use(RequestKind::kRecv)) {
     for (std::size_t i = 0; i < r.part_count; ++i) {
       Part& part = r.parts[i];

@@ -183,19 +183,19 @@ ConnectorState::~ConnectorState() {
 }
 
 std::unique_ptr<SendComm> ConnectorState::poll() {
-  if (failure_) throw *failure_;
-  if (done_) return nullptr;
+  if (stage_ == Stage::kFailed) throw *failure_;
+  if (stage_ == Stage::kConnected) return nullptr;
   Bootstrap& bootstrap = core_->bootstrap();
   std::unique_lock lock(bootstrap.mutex());
   // A failure after the communicator joined its lane takes it off again: a later poll() must
   // not leave it attached behind a new one.
   auto give_up = [&](const Error& error) {
     lock.unlock();
-    done_ = true;
+    stage_ = Stage::kFailed;
     failure_ = error;
     if (comm_) Comm::close(std::move(comm_));
   };
-  if (!sent_) {
+  if (stage_ == Stage::kNotSent) {
     try {
       mux::Lane& lane =
           core_->lanes().join(target_.context, mux::Direction::kSend, route_.placement);
@@ -213,7 +213,7 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
       const std::size_t length = encode_connect(message, body);
       if (length == 0) throw Error("connect", core_->provider(), 0, "lane addresses do not fit");
       bootstrap.send(listener, MessageType::kConnect, {body, length}, id_);
-      sent_ = true;
+      stage_ = Stage::kAwaitingAnswer;
     } catch (const Error& error) {
       give_up(error);
       throw;
@@ -224,15 +224,16 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
     give_up(Error("connect", core_->provider(), code, why));
     throw *failure_;
   };
-  if (reject_)
-    fail(ECONNREFUSED, std::string("refused by the listener: ") + to_string(reject_->reason));
-  if (send_error_) {
-    fail(EHOSTUNREACH,
-         "the connect could not be sent (" + *send_error_ + "), " + route_.description);
+  if (const auto* reject = std::get_if<RejectMessage>(&answer_)) {
+    fail(ECONNREFUSED, std::string("refused by the listener: ") + to_string(reject->reason));
   }
-  if (accept_) {
-    comm_->connect_peer(accept_->lane);
-    done_ = true;
+  if (const auto* unsent = std::get_if<SendFailed>(&answer_)) {
+    fail(EHOSTUNREACH,
+         "the connect could not be sent (" + unsent->why + "), " + route_.description);
+  }
+  if (const auto* accept = std::get_if<AcceptMessage>(&answer_)) {
+    comm_->connect_peer(accept->lane);
+    stage_ = Stage::kConnected;
     return std::make_unique<SendComm>(CommKey(), core_, std::move(comm_));
   }
   if (std::chrono::steady_clock::now() > deadline_) {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <variant>
 
 #include "loom/p2p.hpp"
 #include "p2p/messages.hpp"
@@ -55,24 +56,34 @@ class ConnectorState {
 
   std::unique_ptr<SendComm> poll();
 
-  // From the bootstrap endpoint (its mutex held).
-  void on_accept(AcceptMessage message) { accept_ = std::move(message); }
-  void on_reject(RejectMessage message) { reject_ = message; }
-  void on_send_failed(std::string why) { send_error_ = std::move(why); }
+  // From the bootstrap endpoint (its mutex held): the listener's answer, or the provider's
+  // word that the connect could not be sent. The first one counts.
+  void on_accept(AcceptMessage message) { answer(std::move(message)); }
+  void on_reject(RejectMessage message) { answer(message); }
+  void on_send_failed(std::string why) { answer(SendFailed{std::move(why)}); }
 
  private:
+  // kNotSent --poll: connect sent--> kAwaitingAnswer --accepted--> kConnected
+  // Either one --refused, unsent, timed out, or setup failed--> kFailed
+  enum class Stage : std::uint8_t { kNotSent, kAwaitingAnswer, kConnected, kFailed };
+  struct SendFailed {
+    std::string why;
+  };
+  using Answer = std::variant<std::monostate, AcceptMessage, RejectMessage, SendFailed>;
+  template <typename T>
+  void answer(T&& what) {
+    if (std::holds_alternative<std::monostate>(answer_)) answer_ = std::forward<T>(what);
+  }
+
   std::shared_ptr<ContextCore> core_;
   HandleData target_;
   Route route_;
   std::uint32_t id_ = 0;
   std::unique_ptr<Comm> comm_;
-  bool sent_ = false;
-  bool done_ = false;
-  std::optional<Error> failure_;  // why the connect failed; every later poll() says it again
+  Stage stage_ = Stage::kNotSent;
+  std::optional<Error> failure_;  // kFailed: why; every later poll() says it again
   std::chrono::steady_clock::time_point deadline_;
-  std::optional<AcceptMessage> accept_;
-  std::optional<RejectMessage> reject_;
-  std::optional<std::string> send_error_;
+  Answer answer_;  // under the bootstrap mutex
 };
 
 // A connect that arrived for `listener` (nullptr: it names none that is open). Refused with a

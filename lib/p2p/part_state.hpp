@@ -28,10 +28,17 @@
 //   Any unfinished part --failure--> kFailed (kArrived: its own outcome)
 //
 // Flush (iflush): kAwaitingPost --read posted--> kFlushing --> kDone | kFailed.
+//
+// A send's ready-to-send, beside its part (one per request; Request::to()):
+//
+//   kNotNeeded (eager, or a write that fills its buffer says size and tag itself)
+//   kWanted --queued in the batch--> kBatched --the batch left--> kSent
+//          \--the part failed first--> kDropped     \--the batch failed--> kDropped
 #pragma once
 
 #include <cassert>
 #include <cstdint>
+#include <string_view>
 
 namespace loom::p2p {
 
@@ -59,12 +66,13 @@ enum class RecvState : std::uint8_t {
   kFailed,
 };
 
+// kDropped: wanted, but nothing more will be sent for the message.
+enum class ReadyToSendState : std::uint8_t { kNotNeeded, kWanted, kBatched, kSent, kDropped };
+
 namespace detail {
 
-constexpr unsigned bit(SendState s) {
-  return 1u << static_cast<unsigned>(s);
-}
-constexpr unsigned bit(RecvState s) {
+template <typename State>
+constexpr unsigned bit(State s) {
   return 1u << static_cast<unsigned>(s);
 }
 
@@ -77,8 +85,8 @@ constexpr unsigned next_states(SendState from) {
              bit(S::kFailed);
     case S::kSentAhead:
       return bit(S::kEagerInFlight) | bit(S::kDone) | bit(S::kFailed);
-    case S::kEagerReady:  // kWriting: the credit it counted on was taken meanwhile
-      return bit(S::kEagerInFlight) | bit(S::kDone) | bit(S::kWriting) | bit(S::kFailed);
+    case S::kEagerReady:
+      return bit(S::kEagerInFlight) | bit(S::kDone) | bit(S::kFailed);
     case S::kEagerInFlight:
       return bit(S::kDone) | bit(S::kFailed);
     case S::kWriting:
@@ -119,12 +127,54 @@ constexpr unsigned next_states(RecvState from) {
   return 0;
 }
 
+constexpr unsigned next_states(ReadyToSendState from) {
+  using T = ReadyToSendState;
+  switch (from) {
+    case T::kNotNeeded:
+      return bit(T::kWanted);
+    case T::kWanted:
+      return bit(T::kBatched) | bit(T::kDropped);
+    case T::kBatched:
+      return bit(T::kSent) | bit(T::kDropped);
+    case T::kSent:
+    case T::kDropped:
+      return 0;
+  }
+  return 0;
+}
+
 }  // namespace detail
 
 template <typename State>
 constexpr bool legal(State from, State to) {
   return (detail::next_states(from) & detail::bit(to)) != 0;
 }
+
+constexpr std::string_view to_string(SendState s) {
+  constexpr std::string_view kNames[] = {"awaiting clearance",
+                                         "sent ahead",
+                                         "eager ready",
+                                         "eager in flight",
+                                         "writing",
+                                         "failing",
+                                         "done",
+                                         "failed"};
+  return kNames[static_cast<unsigned>(s)];
+}
+constexpr std::string_view to_string(RecvState s) {
+  constexpr std::string_view kNames[] = {"awaiting post", "to announce",  "announced", "arrived",
+                                         "cleared",       "writes ahead", "writing",   "flushing",
+                                         "done",          "failed"};
+  return kNames[static_cast<unsigned>(s)];
+}
+constexpr std::string_view to_string(ReadyToSendState s) {
+  constexpr std::string_view kNames[] = {"not needed", "wanted", "batched", "sent", "dropped"};
+  return kNames[static_cast<unsigned>(s)];
+}
+static_assert(to_string(SendState::kFailed) == "failed" &&
+                  to_string(RecvState::kFailed) == "failed" &&
+                  to_string(ReadyToSendState::kDropped) == "dropped",
+              "one name per state, in order");
 
 constexpr bool terminal(SendState s) {
   return s == SendState::kDone || s == SendState::kFailed;
@@ -138,5 +188,7 @@ static_assert(!legal(SendState::kDone, SendState::kFailed), "an outcome never ch
 static_assert(!legal(RecvState::kAnnounced, RecvState::kDone),
               "the sender learns the verdict before the receiver reports it");
 static_assert(!legal(SendState::kSentAhead, SendState::kWriting), "a message leaves once");
+static_assert(!legal(SendState::kEagerReady, SendState::kWriting),
+              "the credit an eager send counts on is taken when it is matched");
 
 }  // namespace loom::p2p

@@ -123,12 +123,14 @@ class RecvCommImpl final : public Comm {
   std::size_t credits_out_ = 0;
   std::size_t credits_to_grant_ = 0;
   std::vector<Held> held_;
-  // Every write that arrived, and (from the sender's close notice or its WritesPosted answer)
-  // every write it posted: closing waits until the first reaches the second, once the sender
-  // was told of a buffer this side did not finish (awaiting_writes_).
+  // What closing waits for (writes_may_arrive). kNone: no write can come. kAwaitingCount: the
+  // sender was told of a buffer this side did not finish, and has not said yet how many writes
+  // it posted. kCounting: it said (its close notice or its WritesPosted answer): the wait ends
+  // once every write it posted arrived.
+  enum class CloseWait : std::uint8_t { kNone, kAwaitingCount, kCounting };
+  CloseWait close_wait_ = CloseWait::kNone;
   std::uint32_t writes_arrived_ = 0;
-  bool awaiting_writes_ = false;
-  std::optional<std::uint32_t> writes_posted_;
+  std::uint32_t writes_posted_ = 0;  // kCounting: the sender's count
 };
 
 }  // namespace loom::p2p

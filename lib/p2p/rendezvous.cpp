@@ -37,7 +37,7 @@ void SendCommImpl::queue_ready_to_send(Request& r) {
   batch_.entries[batch_.count++] =
       RtsEntry{.seq = part.peer_seq, .size = part.size, .tag = part.tag, .stripes = r.stripes};
   batched_.push_back(&r);
-  r.ready_to_send = ReadyToSendState::kBatched;
+  r.to(ReadyToSendState::kBatched);
   defer();
 }
 
@@ -62,13 +62,13 @@ void SendCommImpl::send_control_batch() {
   for (Request* r : batched_) {
     if (r->ready_to_send != ReadyToSendState::kBatched) continue;
     if (status == Status::kOk) {
-      r->ready_to_send = ReadyToSendState::kSent;
+      r->to(ReadyToSendState::kSent);
+      settle(*r);
     } else {
-      r->ready_to_send = ReadyToSendState::kDropped;
+      r->to(ReadyToSendState::kDropped);
       r->fail(Status::kError, "isend: " + last_error_);
-      if (!terminal(r->parts[0].send)) fail_part(*r, r->parts[0], Status::kError);
+      fail_part(*r, r->parts[0], Status::kError);
     }
-    settle(*r);
   }
   batch_.count = 0;
   batched_.clear();

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "loom/error.hpp"
@@ -19,6 +20,7 @@
 #include "p2p/group.hpp"
 #include "p2p/messages.hpp"
 #include "p2p/part_state.hpp"
+#include "util/log.hpp"
 
 namespace loom::ofi {
 class MemoryRegistration;
@@ -52,9 +54,21 @@ enum class RequestKind : std::uint8_t { kSend, kRecv, kFlush };
 // provider hands them back, if ever.
 enum class RecordState : std::uint8_t { kFree, kPending, kReleased };
 
-// Sends: whether the receiver needs a ready-to-send for this message, and where it stands.
-// kDropped: wanted, but nothing more will be sent for the message (a post failed).
-enum class ReadyToSendState : std::uint8_t { kNotNeeded, kWanted, kBatched, kSent, kDropped };
+// kFree, kPending, kReleased.
+constexpr std::string_view to_string(RecordState s) {
+  constexpr std::string_view kNames[] = {"free", "pending", "released"};
+  return kNames[static_cast<unsigned>(s)];
+}
+
+// Debug builds log every state change at trace level, as rxm's RXM_UPDATE_STATE does; release
+// builds keep even the level check off the message path.
+template <typename State>
+void trace_transition([[maybe_unused]] const char* machine, [[maybe_unused]] std::uint32_t seq,
+                      [[maybe_unused]] State from, [[maybe_unused]] State to) noexcept {
+#ifndef NDEBUG
+  util::log().trace("{} {}: {} -> {}", machine, seq, to_string(from), to_string(to));
+#endif
+}
 
 struct Part {
   std::byte* data = nullptr;
@@ -76,10 +90,12 @@ struct Part {
 
   void to(SendState next) noexcept {
     assert(legal(send, next) && "illegal send state transition");
+    trace_transition("send", seq, send, next);
     send = next;
   }
   void to(RecvState next) noexcept {
     assert(legal(recv, next) && "illegal receive state transition");
+    trace_transition("receive", seq, recv, next);
     recv = next;
   }
 };
@@ -102,7 +118,7 @@ struct Request final : ofi::CompletionHandler {
   std::uint8_t written = 0;
   std::uint8_t bodies = 0;
   std::uint8_t bodies_done = 0;
-  ReadyToSendState ready_to_send = ReadyToSendState::kNotNeeded;
+  ReadyToSendState ready_to_send = ReadyToSendState::kNotNeeded;  // sends: see part_state.hpp
   // Grouped receives (p2p/group.hpp): how many of the group's messages that came ahead were
   // placed, and the buffers they took.
   std::uint8_t placed_ahead = 0;
@@ -111,6 +127,16 @@ struct Request final : ofi::CompletionHandler {
   std::array<ofi::OpContext, kMaxOps> ops;
   std::string error;  // why status is not kOk (allocates only on errors)
 
+  void to(ReadyToSendState next) noexcept {
+    assert(legal(ready_to_send, next) && "illegal ready-to-send transition");
+    trace_transition("ready-to-send", parts[0].seq, ready_to_send, next);
+    ready_to_send = next;
+  }
+  // The message still owes the receiver its ready-to-send.
+  [[nodiscard]] bool owes_ready_to_send() const noexcept {
+    return ready_to_send == ReadyToSendState::kWanted ||
+           ready_to_send == ReadyToSendState::kBatched;
+  }
   // Posted and not back in the pool: pending, or released with operations still out.
   [[nodiscard]] bool in_use() const noexcept { return record != RecordState::kFree; }
   void on_completion(ofi::OpContext& op, const ofi::Completion& completion) override;

@@ -115,32 +115,41 @@ void SendCommImpl::advance(Request& r) {
   settle(r);
 }
 
-// A message is done once everything it needs left and completed: all stripes written and
-// the ready-to-send (where wanted) sent. A failed one once it owes nothing more.
+// Where a written message's counters become its outcome: done once everything it needs left
+// and completed (all stripes written, the ready-to-send sent where wanted); failed once it owes
+// nothing more, or nothing more can drain (the peer is gone, or the communicator closing).
 void SendCommImpl::settle(Request& r) {
   Part& part = r.parts[0];
-  const bool owes_ready_to_send =
-      r.ready_to_send == ReadyToSendState::kWanted || r.ready_to_send == ReadyToSendState::kBatched;
-  if (part.send == SendState::kWriting) {
-    if (r.stripes_done == r.stripes && !owes_ready_to_send) {
-      part.delivered = part.size;
-      part.to(SendState::kDone);
-    }
-  } else if (part.send == SendState::kFailing) {
-    if (r.ops_outstanding == 0 && !owes_ready_to_send) part.to(SendState::kFailed);
+  switch (part.send) {
+    case SendState::kWriting:
+      if (r.stripes_done == r.stripes && !r.owes_ready_to_send()) {
+        part.delivered = part.size;
+        part.to(SendState::kDone);
+      }
+      break;
+    case SendState::kFailing:
+      if ((r.ops_outstanding == 0 && !r.owes_ready_to_send()) || closed_ || peer_gone()) {
+        part.to(SendState::kFailed);
+      }
+      break;
+    default:
+      break;
   }
 }
 
 // Nothing more is posted for a failed part: a ready-to-send not batched yet stays unsent, and
-// writes in flight drain (kFailing) before it is decided.
+// what a written message has in flight drains (kFailing) before settle() decides it. A part
+// with nothing that could drain fails at once.
 void SendCommImpl::fail_part(Request& r, Part& part, Status status) {
   if (terminal(part.send)) return;
   part.status = status;
-  if (r.ready_to_send == ReadyToSendState::kWanted) r.ready_to_send = ReadyToSendState::kDropped;
-  const bool draining = r.ops_outstanding != 0 || r.ready_to_send == ReadyToSendState::kBatched;
-  // A peer that is gone or a closing communicator: nothing drains any more.
-  if (draining && !closed_ && !peer_gone()) {
-    if (part.send != SendState::kFailing) part.to(SendState::kFailing);
+  if (r.ready_to_send == ReadyToSendState::kWanted) r.to(ReadyToSendState::kDropped);
+  if (part.send == SendState::kFailing) {
+    settle(r);
+  } else if (legal(part.send, SendState::kFailing) &&
+             (r.ops_outstanding != 0 || r.owes_ready_to_send())) {
+    part.to(SendState::kFailing);
+    settle(r);
   } else {
     part.to(SendState::kFailed);
   }
