@@ -54,7 +54,7 @@ def main():
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    check = os.path.join(args.build, "bench", "ncclnet_check")
+    check = os.path.join(args.build, "tools", "ncclnet_check", "ncclnet_check")
     p2p_bw = os.path.join(args.build, "bench", "p2p_bw", "fi_p2p_bw")
     plugin = os.path.abspath(os.path.join(args.build, "lib", "nccl", "libnccl-net-loom.so"))
     with tempfile.TemporaryDirectory() as tmp:
