@@ -9,6 +9,6 @@ build=${BUILD_DIR:-build-release}
 if [ ! -d "$build/meson-private" ]; then
   meson setup "$build" --buildtype=release -Dtests=disabled >/dev/null
 fi
-ninja -C "$build" bench/fi_p2p_bw >/dev/null
+ninja -C "$build" bench/p2p_bw/fi_p2p_bw >/dev/null
 [ $# -gt 0 ] || set -- -S all
-exec "$build/bench/fi_p2p_bw" --loopback "$@"
+exec "$build/bench/p2p_bw/fi_p2p_bw" --loopback "$@"

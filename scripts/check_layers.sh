@@ -30,6 +30,8 @@ check_includes lib/mux p2p/ rdma/ infiniband/ providers/ nccl/
 check_includes lib/p2p rdma/ infiniband/ providers/ nccl/
 check_includes include/loom rdma/ infiniband/ ofi/ mux/ p2p/ util/ topo/ providers/ nccl/
 check_includes bench rdma/ ofi/ mux/ p2p/ util/ providers/
+# tools/ncclnet_check drives a plugin through NCCL's ABI (lib/nccl/abi.hpp), nothing of loom.
+check_includes tools rdma/ ofi/ mux/ p2p/ util/ topo/ providers/ loom/
 check_includes providers ofi/ mux/ p2p/ util/ topo/ nccl/
 
 # Which lib/ofi headers a layer above may include: those of the objects it posts on or holds.
@@ -47,13 +49,13 @@ check_allowed_ofi lib/p2p completion memory_registration nic rail rail_set selec
 
 # Includes name their layer from lib/ (or include/), never a path relative to the file.
 while IFS= read -r hit; do violation "$hit includes by a relative path"; done \
-  < <(grep -rnE '#include [<"]\.\.?/' lib include providers bench --include='*.cpp' --include='*.hpp' \
-        | cut -d: -f1,2)
+  < <(grep -rnE '#include [<"]\.\.?/' lib include providers bench tools \
+        --include='*.cpp' --include='*.hpp' | cut -d: -f1,2)
 # The NCCL plugin sits on the public API only.
 check_includes lib/nccl rdma/ infiniband/ ofi/ mux/ p2p/ util/ topo/ providers/
 
 # fi_* calls outside the rail layer and providers.
-for dir in lib/util lib/mux lib/p2p lib/topo lib/nccl include bench; do
+for dir in lib/util lib/mux lib/p2p lib/topo lib/nccl include bench tools; do
   [ -d "$dir" ] || continue
   while IFS= read -r hit; do violation "$hit calls libfabric outside lib/ofi"; done \
     < <(grep -rnE '\bfi_[a-z_]+\(' "$dir" --include='*.cpp' --include='*.hpp' | cut -d: -f1,2)
@@ -66,10 +68,10 @@ while IFS= read -r hit; do violation "$hit touches the environment outside lib/u
 # The CUDA driver API only through lib/util's table, which dlopens libcuda.so.1: cuda.h in no
 # other file, and no link against libcuda or the CUDA runtime.
 while IFS= read -r hit; do violation "$hit includes a CUDA header outside lib/util/cuda_driver.cpp"; done \
-  < <(grep -rnE '#include [<"](cuda|cuda_runtime|cuda_runtime_api)\.h[>"]' lib include bench providers \
+  < <(grep -rnE '#include [<"](cuda|cuda_runtime|cuda_runtime_api)\.h[>"]' lib include bench tools providers \
         --include='*.cpp' --include='*.hpp' | grep -v '^lib/util/cuda_driver.cpp:' | cut -d: -f1,2)
 while IFS= read -r hit; do violation "$hit links CUDA (the driver is dlopen'd)"; done \
-  < <(grep -rnE "find_library\('(cuda|cudart)'|-lcuda" meson.build lib bench --include='meson.build' \
+  < <(grep -rnE "find_library\('(cuda|cudart)'|-lcuda" meson.build lib bench tools --include='meson.build' \
         | cut -d: -f1,2)
 
 # Raw new/delete and goto in the library. (providers/epmr is exempt: libfabric owns its objects'

@@ -102,14 +102,14 @@ build() {
   else
     PKG_CONFIG_PATH=$prefix/lib/pkgconfig meson setup "$build_dir" "${options[@]}" >/dev/null
   fi
-  ninja -C "$build_dir" test/test_gpu test/test_util test/test_ofi bench/fi_p2p_bw
+  ninja -C "$build_dir" test/test_gpu test/test_util test/test_ofi bench/p2p_bw/fi_p2p_bw
 
   # 3. Stage what a run needs. libfabric dlopens libcudart.so (unversioned) from the toolkit,
   #    which the GPU machine may lack; libcuda.so.1 comes from its driver.
   rm -rf "$stage"
   mkdir -p "$stage/bin" "$stage/lib"
   cp "$build_dir"/test/test_gpu "$build_dir"/test/test_util "$build_dir"/test/test_ofi \
-    "$build_dir"/bench/fi_p2p_bw "$prefix"/bin/fi_info "$stage/bin/"
+    "$build_dir"/bench/p2p_bw/fi_p2p_bw "$prefix"/bin/fi_info "$stage/bin/"
   cp -L "$build_dir"/libloom.so.0 "$prefix"/lib/libfabric.so.? "$stage/lib/"
   cp -L "$cuda"/lib64/libcudart.so "$stage/lib/libcudart.so"
   local soname

@@ -72,7 +72,7 @@ else
     if [ ! -d "$default_build/meson-private" ]; then
       meson setup "$default_build" -Dtests=enabled -Dfuzz=disabled >/dev/null
     fi &&
-      ninja -C "$default_build" lib/nccl/libnccl-net-loom.so bench/ncclnet_check \
+      ninja -C "$default_build" lib/nccl/libnccl-net-loom.so tools/ncclnet_check/ncclnet_check \
         libloom.so.0.1.0 providers/epmr/libepmr-fi.so &&
       meson test -C "$default_build" --no-rebuild --print-errorlogs --num-processes "$(nproc)" \
         --suite nccl

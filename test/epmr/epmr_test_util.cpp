@@ -1,17 +1,10 @@
 #include "epmr_test_util.hpp"
 
-#include <cerrno>
-#include <csignal>
-#include <cstdio>
 #include <cstring>
+#include <span>
 #include <thread>
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "support/pattern.hpp"
 
 namespace epmr_test {
 namespace {
@@ -22,38 +15,6 @@ char* dup_string(const char* s) {
   char* copy = strdup(s);
   if (copy == nullptr) throw std::bad_alloc();
   return copy;
-}
-
-int remaining_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return left.count() > 0 ? static_cast<int>(left.count()) : 0;
-}
-
-void write_all(int fd, const void* data, size_t len) {
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  while (len > 0) {
-    const ssize_t n = ::send(fd, bytes, len, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw std::runtime_error(std::string("socket send: ") + std::strerror(errno));
-    bytes += n;
-    len -= static_cast<size_t>(n);
-  }
-}
-
-void read_all(int fd, void* data, size_t len, Clock::time_point deadline) {
-  auto* bytes = static_cast<uint8_t*>(data);
-  while (len > 0) {
-    pollfd pfd{fd, POLLIN, 0};
-    const int ready = ::poll(&pfd, 1, remaining_ms(deadline));
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready == 0) throw std::runtime_error("socket: peer sent nothing before the deadline");
-    const ssize_t n = ::recv(fd, bytes, len, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0) throw std::runtime_error("socket: peer closed the connection");
-    if (n < 0) throw std::runtime_error(std::string("socket recv: ") + std::strerror(errno));
-    bytes += n;
-    len -= static_cast<size_t>(n);
-  }
 }
 
 }  // namespace
@@ -168,15 +129,15 @@ int TestEndpoint::close() {
   return rc;
 }
 
-std::vector<uint8_t> TestEndpoint::name() const {
-  std::vector<uint8_t> name(256);
+std::vector<std::byte> TestEndpoint::name() const {
+  std::vector<std::byte> name(256);
   size_t len = name.size();
   check(fi_getname(&ep_->fid, name.data(), &len), "fi_getname");
   name.resize(len);
   return name;
 }
 
-fi_addr_t TestEndpoint::insert(const std::vector<uint8_t>& peer_name) {
+fi_addr_t TestEndpoint::insert(const std::vector<std::byte>& peer_name) {
   fi_addr_t addr = FI_ADDR_UNSPEC;
   const int n = fi_av_insert(av_, peer_name.data(), 1, &addr, 0, nullptr);
   if (n != 1) throw FabricError("fi_av_insert", n);
@@ -272,134 +233,25 @@ int TestMr::close() {
 
 std::vector<uint8_t> pattern(uint32_t seed, size_t len) {
   std::vector<uint8_t> bytes(len);
-  for (size_t i = 0; i < len; ++i) {
-    bytes[i] = static_cast<uint8_t>((i * 131 + seed * 197 + (i >> 8) * 7) % 251 + 1);
-  }
+  loom::test::fill_pattern(std::as_writable_bytes(std::span(bytes)), seed);
   return bytes;
 }
 
 bool matches_pattern(const uint8_t* data, uint32_t seed, size_t len) {
-  const std::vector<uint8_t> expected = pattern(seed, len);
-  return std::memcmp(data, expected.data(), len) == 0;
+  return loom::test::check_pattern(std::as_bytes(std::span(data, len)), seed).empty();
 }
 
-// ---- ChildProcess ----
+// ---- the peer's channel ----
 
-ChildProcess::ChildProcess(const std::function<int(int)>& body) {
-  int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0)
-    throw std::runtime_error(std::string("socketpair: ") + std::strerror(errno));
-  std::fflush(nullptr);  // buffered output must not be written twice
-  pid_ = ::fork();
-  if (pid_ < 0) {
-    ::close(fds[0]);
-    ::close(fds[1]);
-    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  }
-  if (pid_ == 0) {
-    ::close(fds[0]);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a parent that died
-    // The test framework's crash handlers would report a crash here as the parent's failure;
-    // the child dies plainly instead and the parent says how.
-    for (const int sig : {SIGABRT, SIGSEGV, SIGILL, SIGFPE, SIGBUS, SIGTERM})
-      std::signal(sig, SIG_DFL);
-    int rc = 1;
-    try {
-      rc = body(fds[1]);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "epmr test child: %s\n", e.what());
-      rc = 3;
-    } catch (...) {
-      rc = 4;
-    }
-    std::fflush(nullptr);
-    ::_exit(rc);  // skip the parent's test framework and atexit handlers
-  }
-  ::close(fds[1]);
-  socket_ = fds[0];
-}
-
-ChildProcess::~ChildProcess() {
-  if (pid_ > 0) {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  if (socket_ >= 0) ::close(socket_);
-}
-
-std::string ChildProcess::join(std::chrono::milliseconds limit) {
-  const auto deadline = Clock::now() + limit;
-  int status = 0;
-  for (;;) {
-    const pid_t done = ::waitpid(pid_, &status, WNOHANG);
-    if (done == pid_) break;
-    if (done < 0 && errno != EINTR) return std::string("waitpid: ") + std::strerror(errno);
-    if (Clock::now() > deadline) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-      return "child did not exit before the deadline and was killed";
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-  pid_ = -1;
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return {};
-  if (WIFEXITED(status)) return "child exited with status " + std::to_string(WEXITSTATUS(status));
-  return "child was killed by signal " + std::to_string(WTERMSIG(status));
-}
-
-// ---- socket messages ----
-
-void send_blob(int socket, const std::vector<uint8_t>& blob) {
-  const uint32_t len = static_cast<uint32_t>(blob.size());
-  write_all(socket, &len, sizeof(len));
-  write_all(socket, blob.data(), blob.size());
-}
-
-std::vector<uint8_t> recv_blob(int socket, std::chrono::milliseconds limit) {
-  const auto deadline = Clock::now() + limit;
-  uint32_t len = 0;
-  read_all(socket, &len, sizeof(len), deadline);
-  if (len > (1u << 20)) throw std::runtime_error("socket: oversized message");
-  std::vector<uint8_t> blob(len);
-  read_all(socket, blob.data(), len, deadline);
-  return blob;
-}
-
-std::vector<uint8_t> recv_blob_progressing(int socket, TestEndpoint& ep,
-                                           std::chrono::milliseconds limit) {
+void wait_message(Channel& channel, TestEndpoint& ep, std::chrono::milliseconds limit) {
   const auto deadline = Clock::now() + limit;
   for (;;) {
     ep.progress();
-    pollfd pfd{socket, POLLIN, 0};
-    if (::poll(&pfd, 1, 1) > 0)
-      return recv_blob(socket, std::chrono::milliseconds(remaining_ms(deadline)));
+    if (channel.readable()) return;
     if (Clock::now() > deadline)
-      throw std::runtime_error("socket: peer sent nothing before the deadline");
+      throw std::runtime_error("channel: peer sent nothing before the deadline");
+    std::this_thread::sleep_for(1ms);
   }
-}
-
-void send_u64(int socket, uint64_t value) {
-  std::vector<uint8_t> blob(sizeof(value));
-  std::memcpy(blob.data(), &value, sizeof(value));
-  send_blob(socket, blob);
-}
-
-uint64_t recv_u64(int socket, std::chrono::milliseconds limit) {
-  const std::vector<uint8_t> blob = recv_blob(socket, limit);
-  if (blob.size() != sizeof(uint64_t)) throw std::runtime_error("socket: expected 8 bytes");
-  uint64_t value = 0;
-  std::memcpy(&value, blob.data(), sizeof(value));
-  return value;
-}
-
-void send_status(int socket, const std::string& status) {
-  send_blob(socket, std::vector<uint8_t>(status.begin(), status.end()));
-}
-
-std::string recv_status(int socket, std::chrono::milliseconds limit) {
-  const std::vector<uint8_t> blob = recv_blob(socket, limit);
-  return std::string(blob.begin(), blob.end());
 }
 
 }  // namespace epmr_test

@@ -1,8 +1,10 @@
-// Helpers for the epmr provider's own tests: raw libfabric objects with owners, bounded waits,
-// byte patterns, and a forked peer process with a socket to talk to it.
+// Helpers for the epmr provider's own tests: raw libfabric objects with owners and bounded
+// waits. The forked peer and its channel are loom's test harness (support/two_process.hpp), the
+// byte patterns its patterns (support/pattern.hpp).
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -19,11 +21,13 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
-#include <sys/types.h>
+
+#include "support/two_process.hpp"
 
 namespace epmr_test {
 
 using namespace std::chrono_literals;
+using loom::test::Channel;
 
 inline constexpr uint64_t kMrModeAll =
     FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
@@ -91,8 +95,8 @@ class TestEndpoint {
 
   fid_ep* ep() const noexcept { return ep_; }
   fid_cq* cq() const noexcept { return cq_; }
-  std::vector<uint8_t> name() const;
-  fi_addr_t insert(const std::vector<uint8_t>& peer_name);
+  std::vector<std::byte> name() const;
+  fi_addr_t insert(const std::vector<std::byte>& peer_name);
   void enable();
   int close();  // closes the endpoint only (AV and CQ stay until destruction)
 
@@ -141,40 +145,14 @@ class TestMr {
   fid_mr* mr_ = nullptr;
 };
 
-// Bytes that differ per message (seed) and per position, never zero.
+// Bytes that differ per message (seed) and per position, never zero: loom::test's pattern
+// (support/pattern.hpp) in the byte vectors these tests hand to libfabric.
 std::vector<uint8_t> pattern(uint32_t seed, size_t len);
 bool matches_pattern(const uint8_t* data, uint32_t seed, size_t len);
 
-// A forked peer. The child runs `body` with its end of a socketpair and exits with its return
-// value; it never returns into the test framework. The parent kills a child that is still
-// running when the ChildProcess goes away.
-class ChildProcess {
- public:
-  explicit ChildProcess(const std::function<int(int socket)>& body);
-  ~ChildProcess();
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-
-  int socket() const noexcept { return socket_; }
-  // Waits (bounded) for the child to exit; returns a description, empty if it exited with 0.
-  std::string join(std::chrono::milliseconds limit = kWaitLimit);
-
- private:
-  pid_t pid_ = -1;
-  int socket_ = -1;
-};
-
-// Length-prefixed messages over the socketpair, with a deadline.
-void send_blob(int socket, const std::vector<uint8_t>& blob);
-std::vector<uint8_t> recv_blob(int socket, std::chrono::milliseconds limit = kWaitLimit);
-void send_u64(int socket, uint64_t value);
-uint64_t recv_u64(int socket, std::chrono::milliseconds limit = kWaitLimit);
-// Waits for a message while progressing `ep`, so that a peer's operations on our memory (RMA,
-// rendezvous reads) complete meanwhile. Completions stay queued on `ep`.
-std::vector<uint8_t> recv_blob_progressing(int socket, TestEndpoint& ep,
-                                           std::chrono::milliseconds limit = kWaitLimit);
-// A child reports each step as a status line: "ok" or what went wrong.
-void send_status(int socket, const std::string& status);
-std::string recv_status(int socket, std::chrono::milliseconds limit = kWaitLimit);
+// Progresses `ep` until the peer's next message waits on `channel` (or the peer closed it), so
+// that a peer's operations on our memory (RMA, rendezvous reads) complete meanwhile.
+// Completions stay queued on `ep`. Throws after `limit`.
+void wait_message(Channel& channel, TestEndpoint& ep, std::chrono::milliseconds limit = kWaitLimit);
 
 }  // namespace epmr_test

@@ -1,8 +1,8 @@
 // The correct FI_MR_ENDPOINT sequence (reg, bind, enable, use, close MR, close EP) moves verified
 // bytes between two processes over epmr: tagged send/recv (eager and rendezvous sizes), RMA write
 // with remote CQ data, RMA read, and a read aimed at a key whose MR is not enabled yet.
-// The parent is the initiator and runs the assertions; the forked child owns the target memory
-// and reports each step back as a status line.
+// The parent is the initiator and runs the assertions; the forked child (loom::test::run_pair)
+// owns the target memory and reports each step back as a status line.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -39,8 +39,8 @@ class Report {
   void expect(bool ok, const std::string& what) {
     if (!ok) failures_ += (failures_.empty() ? "" : "; ") + what;
   }
-  void send(int socket) {
-    send_status(socket, failures_.empty() ? "ok" : failures_);
+  void send(Channel& channel) {
+    channel.send_text(failures_.empty() ? "ok" : failures_);
     failures_.clear();
   }
 
@@ -48,17 +48,14 @@ class Report {
   std::string failures_;
 };
 
-std::string status_while_progressing(int socket, TestEndpoint& ep) {
-  const std::vector<uint8_t> blob = recv_blob_progressing(socket, ep);
-  return std::string(blob.begin(), blob.end());
+std::string status_while_progressing(Channel& channel, TestEndpoint& ep) {
+  wait_message(channel, ep);
+  return channel.recv_text();
 }
 
-uint64_t u64_while_progressing(int socket, TestEndpoint& ep) {
-  const std::vector<uint8_t> blob = recv_blob_progressing(socket, ep);
-  uint64_t value = 0;
-  if (blob.size() != sizeof(value)) throw std::runtime_error("expected an 8-byte value");
-  std::copy(blob.begin(), blob.end(), reinterpret_cast<uint8_t*>(&value));
-  return value;
+uint64_t u64_while_progressing(Channel& channel, TestEndpoint& ep) {
+  wait_message(channel, ep);
+  return channel.recv_value<uint64_t>();
 }
 
 void check_tagged_receives(TestEndpoint& ep, const int* small_ctx, const int* large_ctx,
@@ -89,12 +86,13 @@ void check_remote_write(TestEndpoint& ep, const std::vector<uint8_t>& region, Re
 }
 
 // The child: target of every operation.
-int run_target(int socket) {
+void run_target(Channel& channel) {
+  channel.set_timeout(kWaitLimit);
   const InfoPtr info = epmr_info();
   TestDomain domain(*info);
   TestEndpoint ep(domain);
-  send_blob(socket, ep.name());
-  const fi_addr_t peer = ep.insert(recv_blob(socket));
+  channel.send_bytes(ep.name());
+  const fi_addr_t peer = ep.insert(channel.recv_bytes());
   Report report;
 
   // 1. Tagged receives.
@@ -108,26 +106,26 @@ int run_target(int socket) {
         "fi_trecv");
   check(fi_trecv(ep.ep(), large.data(), kLarge, large_mr.desc(), peer, kLargeTag, 0, &large_ctx),
         "fi_trecv");
-  send_status(socket, "ready");
+  channel.send_text("ready");
   check_tagged_receives(ep, &small_ctx, &large_ctx, report);
   report.expect(matches_pattern(small.data(), kSmallSeed, kSmall), "small message bytes differ");
   report.expect(matches_pattern(large.data(), kLargeSeed, kLarge), "large message bytes differ");
-  report.send(socket);
+  report.send(channel);
 
   // 2. Target of an RMA write with remote CQ data.
   std::vector<uint8_t> region = pattern(kRegionFill, kRegion);
   TestMr region_mr(domain, region.data(), kRegion, FI_REMOTE_WRITE);
   region_mr.bind_and_enable(ep);
-  send_u64(socket, region_mr.key());
+  channel.send_value<uint64_t>(region_mr.key());
   check_remote_write(ep, region, report);
-  report.send(socket);
+  report.send(channel);
 
   // 3. Source of an RMA read.
   std::vector<uint8_t> source = pattern(kReadSeed, kRmaLen);
   TestMr source_mr(domain, source.data(), kRmaLen, FI_REMOTE_READ);
   source_mr.bind_and_enable(ep);
-  send_u64(socket, source_mr.key());
-  recv_blob_progressing(socket, ep);  // the parent has read
+  channel.send_value<uint64_t>(source_mr.key());
+  status_while_progressing(channel, ep);  // the parent has read
 
   // 4. An MR bound but not enabled has no registration below: the key it will get (keys are
   // handed out in order at fi_mr_enable) does not exist yet.
@@ -135,30 +133,30 @@ int run_target(int socket) {
   TestMr late_mr(domain, late.data(), kRmaLen, FI_REMOTE_READ);
   check(late_mr.bind(ep), "fi_mr_bind");
   const uint64_t next_key = source_mr.key() + 1;
-  send_u64(socket, next_key);
-  recv_blob_progressing(socket, ep);  // the parent's early read has failed
+  channel.send_value<uint64_t>(next_key);
+  status_while_progressing(channel, ep);  // the parent's early read has failed
   check(late_mr.enable(), "fi_mr_enable");
   report.expect(late_mr.key() == next_key, "the enabled MR did not get the next key");
-  report.send(socket);
-  recv_blob_progressing(socket, ep);  // the parent has read it now
+  report.send(channel);
+  status_while_progressing(channel, ep);  // the parent has read it now
 
   // 5. Teardown in the required order: MRs, then the endpoint.
   report.expect(ep.close() == -FI_EBUSY, "fi_close(ep) with bound MRs did not fail");
   for (TestMr* mr : {&small_mr, &large_mr, &region_mr, &source_mr, &late_mr})
     report.expect(mr->close() == 0, "fi_close(mr)");
   report.expect(ep.close() == 0, "fi_close(ep)");
-  report.send(socket);
-  return 0;
+  report.send(channel);
 }
 
 // The parent: initiator of every operation; Catch2 assertions live here.
-void run_initiator(int socket) {
+void run_initiator(Channel& channel) {
+  channel.set_timeout(kWaitLimit);
   const InfoPtr info = epmr_info();
   TestDomain domain(*info);
   TestEndpoint ep(domain);
-  const std::vector<uint8_t> peer_name = recv_blob(socket);
+  const std::vector<std::byte> peer_name = channel.recv_bytes();
   const fi_addr_t peer = ep.insert(peer_name);
-  send_blob(socket, ep.name());
+  channel.send_bytes(ep.name());
 
   // 1. Tagged sends, eager and rendezvous.
   const std::vector<uint8_t> small = pattern(kSmallSeed, kSmall);
@@ -167,7 +165,7 @@ void run_initiator(int socket) {
   small_mr.bind_and_enable(ep);
   TestMr large_mr(domain, const_cast<uint8_t*>(large.data()), kLarge, FI_SEND);
   large_mr.bind_and_enable(ep);
-  REQUIRE(status_while_progressing(socket, ep) == "ready");
+  REQUIRE(status_while_progressing(channel, ep) == "ready");
   int small_ctx = 0, large_ctx = 0;
   const auto send_small = [&] {
     return fi_tsend(ep.ep(), small.data(), kSmall, small_mr.desc(), peer, kSmallTag, &small_ctx);
@@ -183,10 +181,10 @@ void run_initiator(int socket) {
     REQUIRE(c.err == 0);
     CHECK((c.entry.op_context == &small_ctx || c.entry.op_context == &large_ctx));
   }
-  REQUIRE(status_while_progressing(socket, ep) == "ok");
+  REQUIRE(status_while_progressing(channel, ep) == "ok");
 
   // 2. RMA write with remote CQ data, at an offset into the peer's region.
-  const uint64_t region_key = u64_while_progressing(socket, ep);
+  const uint64_t region_key = u64_while_progressing(channel, ep);
   const std::vector<uint8_t> written = pattern(kWriteSeed, kRmaLen);
   TestMr write_mr(domain, const_cast<uint8_t*>(written.data()), kRmaLen, FI_WRITE);
   write_mr.bind_and_enable(ep);
@@ -202,10 +200,10 @@ void run_initiator(int socket) {
     REQUIRE(c.err == 0);
     CHECK(c.entry.op_context == &write_ctx);
   }
-  REQUIRE(status_while_progressing(socket, ep) == "ok");
+  REQUIRE(status_while_progressing(channel, ep) == "ok");
 
   // 3. RMA read.
-  const uint64_t source_key = u64_while_progressing(socket, ep);
+  const uint64_t source_key = u64_while_progressing(channel, ep);
   std::vector<uint8_t> read_back = pattern(kReadFill, kRmaLen);
   TestMr read_mr(domain, read_back.data(), kRmaLen, FI_READ);
   read_mr.bind_and_enable(ep);
@@ -222,12 +220,12 @@ void run_initiator(int socket) {
     CHECK(c.entry.op_context == &read_ctx);
     CHECK(matches_pattern(read_back.data(), kReadSeed, kRmaLen));
   }
-  send_status(socket, "read");
+  channel.send_text("read");
 
   // 4. Reading a key whose MR is bound but not enabled fails: tcp;ofi_rxm on the peer knows no
   // such key, drops the connection and the read completes in error. Once the MR is enabled the
   // same key works (through a fresh endpoint, as ofi_rxm does not revive a dropped connection).
-  const uint64_t late_key = u64_while_progressing(socket, ep);
+  const uint64_t late_key = u64_while_progressing(channel, ep);
   std::vector<uint8_t> early = pattern(kReadFill, kRmaLen);
   TestMr early_mr(domain, early.data(), kRmaLen, FI_READ);
   early_mr.bind_and_enable(ep);
@@ -243,8 +241,8 @@ void run_initiator(int socket) {
     CHECK(c.entry.op_context == &early_ctx);
   }
   CHECK(matches_pattern(early.data(), kReadFill, kRmaLen));  // nothing arrived
-  send_status(socket, "tried");
-  REQUIRE(status_while_progressing(socket, ep) == "ok");
+  channel.send_text("tried");
+  REQUIRE(status_while_progressing(channel, ep) == "ok");
 
   TestEndpoint fresh(domain);
   const fi_addr_t fresh_peer = fresh.insert(peer_name);
@@ -264,7 +262,7 @@ void run_initiator(int socket) {
     CHECK(c.entry.op_context == &late_ctx);
     CHECK(matches_pattern(late.data(), kLateSeed, kRmaLen));
   }
-  send_status(socket, "done");
+  channel.send_text("done");
 
   // 5. Teardown: MRs first, then the endpoint.
   CHECK(ep.close() == -FI_EBUSY);
@@ -273,19 +271,13 @@ void run_initiator(int socket) {
     CHECK(mr->close() == 0);
   CHECK(ep.close() == 0);
   CHECK(fresh.close() == 0);
-  CHECK(status_while_progressing(socket, ep) == "ok");
+  CHECK(status_while_progressing(channel, ep) == "ok");
 }
 
 }  // namespace
 
 TEST_CASE("epmr moves verified bytes between two processes", "[epmr]") {
-  ChildProcess child(run_target);
-  try {
-    run_initiator(child.socket());
-  } catch (const std::exception& e) {
-    // Usually the child failed first; say how it ended.
-    const std::string child_end = child.join(std::chrono::seconds(1));
-    FAIL(e.what() << " (child: " << (child_end.empty() ? "exited with 0" : child_end) << ")");
-  }
-  CHECK(child.join() == "");
+  // "" when both sides did their part, else what failed on either side and how the child ended
+  // (usually it failed first).
+  CHECK(loom::test::run_pair(run_initiator, run_target, kWaitLimit) == "");
 }

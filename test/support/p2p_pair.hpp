@@ -142,6 +142,24 @@ inline std::vector<std::uint64_t> data_rail_reads(const Context& context) {
   return reads;
 }
 
+// Flushes `target`, a receive `comm` completed (the flush must read: device memory, or
+// LOOM_FORCE_FLUSH), waits for it, and returns the bytes each data rail of the receive lane read
+// for it; the lane must have `rails` of them.
+inline std::vector<std::uint64_t> flush_reads(const Context& context, RecvComm& comm,
+                                              const RecvBuffer& target, std::size_t rails) {
+  const auto before = data_rail_reads(context);
+  Request flush;
+  require(post_into(comm.iflush({&target, 1}), flush) == Status::kOk, comm.last_error());
+  finish(comm, flush);
+  const auto after = data_rail_reads(context);
+  require(before.size() == rails && after.size() == rails,
+          "the receive lane has " + std::to_string(after.size()) + " data rails, expected " +
+              std::to_string(rails));
+  std::vector<std::uint64_t> reads(rails);
+  for (std::size_t r = 0; r < rails; ++r) reads[r] = after[r] - before[r];
+  return reads;
+}
+
 // One message each way between the two comms of a rank, verified.
 inline void exchange(SendComm& out, RecvComm& in, std::uint64_t out_seed, std::uint64_t in_seed,
                      std::size_t size) {

@@ -17,8 +17,6 @@
 namespace loom::test {
 namespace {
 
-constexpr auto kChannelTimeout = 60s;
-
 void write_all(int fd, const void* data, std::size_t length) {
   auto* p = static_cast<const char*>(data);
   while (length > 0) {
@@ -30,13 +28,19 @@ void write_all(int fd, const void* data, std::size_t length) {
   }
 }
 
-void read_all(int fd, void* data, std::size_t length) {
+std::string duration_text(std::chrono::milliseconds duration) {
+  return duration.count() % 1000 == 0 ? std::to_string(duration.count() / 1000) + " s"
+                                      : std::to_string(duration.count()) + " ms";
+}
+
+void read_all(int fd, void* data, std::size_t length, std::chrono::milliseconds timeout) {
   auto* p = static_cast<char*>(data);
-  auto deadline = std::chrono::steady_clock::now() + kChannelTimeout;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
   while (length > 0) {
     pollfd pfd{fd, POLLIN, 0};
     int ready = ::poll(&pfd, 1, 100);
-    require(std::chrono::steady_clock::now() < deadline, "channel: peer silent for 60 s");
+    require(std::chrono::steady_clock::now() < deadline,
+            "channel: peer silent for " + duration_text(timeout));
     if (ready <= 0) continue;
     ssize_t n = ::read(fd, p, length);
     if (n < 0 && errno == EINTR) continue;
@@ -56,11 +60,16 @@ void Channel::send_bytes(std::span<const std::byte> bytes) {
 
 std::vector<std::byte> Channel::recv_bytes() {
   std::uint64_t length = 0;
-  read_all(fd_, &length, sizeof length);
+  read_all(fd_, &length, sizeof length, timeout_);
   require(length < (1u << 30), "channel: implausible length");
   std::vector<std::byte> bytes(length);
-  read_all(fd_, bytes.data(), bytes.size());
+  read_all(fd_, bytes.data(), bytes.size(), timeout_);
   return bytes;
+}
+
+std::string Channel::recv_text() {
+  const auto bytes = recv_bytes();
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 
 bool Channel::readable() const {
@@ -143,6 +152,10 @@ std::string run_pair(const std::function<void(Channel&)>& parent_role,
     parent_role(channel);
   } catch (const std::exception& e) {
     failure = std::string("parent failed: ") + e.what();
+  } catch (...) {
+    ::close(fd);
+    reap(child, std::chrono::steady_clock::now());  // past its deadline: killed if still there
+    throw;
   }
   ::close(fd);  // a child blocked on the channel now sees it closed
   const std::string child_outcome = reap(child, std::chrono::steady_clock::now() + timeout);

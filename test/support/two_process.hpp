@@ -10,6 +10,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -31,6 +32,8 @@ class Channel {
   explicit Channel(int fd) : fd_(fd) {}
   void send_bytes(std::span<const std::byte> bytes);
   std::vector<std::byte> recv_bytes();  // throws Failure after the channel deadline
+  void send_text(std::string_view text) { send_bytes(std::as_bytes(std::span(text))); }
+  std::string recv_text();
 
   template <typename T>
   void send_value(const T& value) {
@@ -52,13 +55,17 @@ class Channel {
   [[nodiscard]] bool peer_closed() const;
   // Both sides call it; returns when both have reached it.
   void barrier();
+  // How long a receive waits for the peer before it throws (60 s unless set).
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
  private:
   int fd_;
+  std::chrono::milliseconds timeout_ = 60s;
 };
 
 // Runs `parent_role` here and `child_role` in a forked child; returns "" on success or what
-// went wrong on either side. The child is killed after `timeout`.
+// went wrong on either side. The child is killed after `timeout`. Where `parent_role` throws
+// what is no std::exception (Catch2's REQUIRE), the child is killed and reaped before it goes on.
 std::string run_pair(const std::function<void(Channel&)>& parent_role,
                      const std::function<void(Channel&)>& child_role,
                      std::chrono::seconds timeout = 120s);

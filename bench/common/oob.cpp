@@ -1,4 +1,4 @@
-#include "oob.hpp"
+#include "common/oob.hpp"
 
 #include <cerrno>
 #include <cstring>

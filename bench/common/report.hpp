@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "common/figures.hpp"
+#include "common/options.hpp"
 #include "loom/p2p.hpp"
-#include "options.hpp"
-#include "session.hpp"
 
 namespace loom::bench {
 

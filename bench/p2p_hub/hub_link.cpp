@@ -1,4 +1,4 @@
-#include "hub_link.hpp"
+#include "p2p_hub/hub_link.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "memory.hpp"
+#include "common/memory.hpp"
 
 #include <cstring>
 #include <fstream>

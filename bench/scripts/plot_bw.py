@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Plots bandwidth against message size from fi_p2p_bw --json files, one curve per file.
 
-  bench/plot_bw.py out.png run-efa.json run-tcp.json ...   (Debian's python3, for its matplotlib)
+  bench/scripts/plot_bw.py out.png run-efa.json run-tcp.json ...  (Debian's python3: matplotlib)
 
 Needs matplotlib (Debian: scripts/deps.sh python3-matplotlib).
 """

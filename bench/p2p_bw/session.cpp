@@ -1,4 +1,4 @@
-#include "session.hpp"
+#include "p2p_bw/session.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -13,10 +13,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/memory.hpp"
+#include "common/oob.hpp"
 #include "loom/config.hpp"
 #include "loom/p2p.hpp"
-#include "memory.hpp"
-#include "oob.hpp"
 
 namespace loom::bench {
 

@@ -8,8 +8,12 @@
 #include <string_view>
 #include <vector>
 
+#include "common/memory.hpp"
 #include "loom/config.hpp"
-#include "memory.hpp"
+
+namespace CLI {
+class App;
+}
 
 namespace loom::bench {
 
@@ -46,6 +50,12 @@ std::vector<std::size_t> parse_sizes(std::string_view text);
 std::size_t parse_size(std::string_view text);
 // fabtests' default iteration counts by message size.
 std::size_t default_iterations(std::size_t size);
+
+// The options fi_p2p_bw and fi_p2p_hub share, with one name, range and meaning: --groups,
+// --timeout (each tool bounds a different wait: `timeout_doc`) and --json (`json_doc`).
+void add_shared_options(CLI::App& app, int& groups, unsigned& timeout_s,
+                        const std::string& timeout_doc, std::string& json,
+                        const std::string& json_doc);
 
 enum class ParseResult { kRun, kExit };
 // Fills `options`; on --help or --print-config prints and returns kExit; on a bad option

@@ -11,11 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/oob.hpp"
+#include "common/options.hpp"
+#include "common/report.hpp"
 #include "loom/p2p.hpp"
-#include "oob.hpp"
-#include "options.hpp"
-#include "report.hpp"
-#include "session.hpp"
+#include "p2p_bw/session.hpp"
 
 namespace {
 

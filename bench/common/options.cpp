@@ -1,4 +1,4 @@
-#include "options.hpp"
+#include "common/options.hpp"
 
 #include <charconv>
 #include <cstdio>
@@ -78,6 +78,15 @@ std::size_t default_iterations(std::size_t size) {
   return 200;
 }
 
+void add_shared_options(CLI::App& app, int& groups, unsigned& timeout_s,
+                        const std::string& timeout_doc, std::string& json,
+                        const std::string& json_doc) {
+  app.add_option("--groups", groups, "lanes per direction, shared by all peers (0: one per comm)")
+      ->check(CLI::Range(0, 256));
+  app.add_option("--timeout", timeout_s, timeout_doc)->check(CLI::Range(1, 3600));
+  app.add_option("--json", json, json_doc);
+}
+
 ParseResult parse_options(int argc, char** argv, Options& o) {
   CLI::App app{
       "fi_p2p_bw: bandwidth, message rate and latency through loom.\n"
@@ -103,13 +112,10 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       ->check(CLI::Range(1, 4));
   app.add_option("--comms", o.comms, "communicators between the pair (default 1)")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--groups", o.groups, "lanes per direction, shared by all peers (0: one per comm)")
-      ->check(CLI::Range(0, 256));
+  add_shared_options(app, o.groups, o.timeout_s, "seconds to wait for the peer (default 30)",
+                     o.json, "also write the figures and configuration as JSON");
   app.add_flag("--bidir", o.bidir, "send both ways at once");
   app.add_flag("--loopback", o.loopback, "run server and client on 127.0.0.1 in one command");
-  app.add_option("--json", o.json, "also write the figures and configuration as JSON");
-  app.add_option("--timeout", o.timeout_s, "seconds to wait for the peer (default 30)")
-      ->check(CLI::Range(1, 3600));
   app.add_flag("--no-pingpong", no_pingpong, "skip the latency pass");
   bool no_bw = false;
   app.add_flag("--no-bw", no_bw, "skip the bandwidth pass (latency only)");

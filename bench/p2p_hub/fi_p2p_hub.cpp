@@ -25,10 +25,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "hub_link.hpp"
-#include "hub_watchdog.hpp"
-#include "options.hpp"
-#include "report.hpp"
+#include "common/options.hpp"
+#include "common/report.hpp"
+#include "p2p_hub/hub_link.hpp"
+#include "p2p_hub/hub_watchdog.hpp"
 
 namespace {
 
@@ -63,11 +63,8 @@ bool parse(int argc, char** argv, HubOptions& o) {
   app.add_option("-S,--size", size, "bytes of each message, k/m/g suffixes (default 1m)");
   app.add_option("--eager", o.eager,
                  "small messages (8 B-16 KiB) each way on each comm before the -S one (default 0)");
-  app.add_option("--groups", o.groups, "lanes per direction, shared by all peers (0: one per comm)")
-      ->check(CLI::Range(0, 256));
-  app.add_option("--timeout", o.timeout_s, "seconds for the whole run (default 120)")
-      ->check(CLI::Range(1, 3600));
-  app.add_option("--json", o.json, "also write the rows and per-peer figures as JSON");
+  add_shared_options(app, o.groups, o.timeout_s, "seconds for the whole run (default 120)", o.json,
+                     "also write the rows and per-peer figures as JSON");
   app.add_flag("-q,--quiet", o.quiet, "only the header and the rows");
   try {
     app.parse(argc, argv);

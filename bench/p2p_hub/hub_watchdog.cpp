@@ -1,4 +1,4 @@
-#include "hub_watchdog.hpp"
+#include "p2p_hub/hub_watchdog.hpp"
 
 #include <cstdio>
 #include <cstdlib>

@@ -8,8 +8,8 @@ tool runs the same iterations, enough to move about 2 GiB (100000 messages at 4 
 virtual machine whole runs slow down by half now and then, and a short run is all one or the
 other.
 
-  FABTESTS_BIN=/tmp/fabtests/bin bench/compare_fabtests.py [--providers tcp,shm] [--reps 3]
-  FABTESTS_BIN=... bench/compare_fabtests.py --latency [--lat-sizes 8,256,4k,8k,16k] [--show-runs]
+  FABTESTS_BIN=/tmp/fabtests/bin bench/scripts/compare_fabtests.py [--providers tcp,shm] [--reps 3]
+  FABTESTS_BIN=... bench/scripts/compare_fabtests.py --latency [--lat-sizes 8,256,4k,8k,16k] [--show-runs]
 
 --latency prints one-way latency instead, against fi_rdm_tagged_pingpong: both tools run the
 same untimed warmup rounds (-w) and timed rounds (-I / fi_p2p_bw --lat-iters), and both report
@@ -134,7 +134,7 @@ def main():
     parser.add_argument("--providers", default="tcp,shm")
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--loom", default="build-release/bench/fi_p2p_bw")
+    parser.add_argument("--loom", default="build-release/bench/p2p_bw/fi_p2p_bw")
     parser.add_argument("--latency", action="store_true",
                         help="one-way latency against fi_rdm_tagged_pingpong instead")
     parser.add_argument("--lat-sizes", default="8,256,4k,8k,16k")

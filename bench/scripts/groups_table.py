@@ -4,7 +4,7 @@ m = 0 (a lane per communicator), 1 and 4 lanes per direction shared by all of th
 hub's lanes, endpoints, memory and setup time per communicator, from fi_p2p_hub --json runs
 (one verified 1 MiB message on every communicator each way).
 
-  bench/groups_table.py [--providers tcp,shm] [--comms 64] [--peers 1,4,16] [--groups 0,1,4]
+  bench/scripts/groups_table.py [--providers tcp,shm] [--comms 64] [--peers 1,4,16] [--groups 0,1,4]
 
 fi_p2p_hub sets loom's recommended provider settings where the environment lacks them (for
 tcp;ofi_rxm a shared receive queue of 256 buffers per endpoint), as fi_p2p_bw does.
@@ -40,7 +40,7 @@ def main():
     parser.add_argument("--groups", default="0,1,4")
     parser.add_argument("--build", default="build-release")
     args = parser.parse_args()
-    binary = os.path.join(args.build, "bench", "fi_p2p_hub")
+    binary = os.path.join(args.build, "bench", "p2p_hub", "fi_p2p_hub")
     print(f"hub side; {args.comms} communicators each way spread evenly over the peers;"
           " 1 data + 1 control rail per lane")
     print(f"{'provider':9} {'peers':>5} {'m':>2} {'lanes':>5} {'endpoints':>9} "

@@ -4,7 +4,7 @@ provider, sizes and window, interleaved (each tool goes first in turn), server p
 core and client to another, and prints plugin/fi_p2p_bw per size: of the medians of the
 repetitions and the median of each repetition's own ratio ("paired").
 
-  bench/compare_plugin.py [--build build-release] [--providers tcp,shm] [--reps 5]
+  bench/scripts/compare_plugin.py [--build build-release] [--providers tcp,shm] [--reps 5]
 
 Both tools use the same libloom from the build directory: the ratio is the plugin layer's
 cost (the ncclNet calls, the request pool, NCCL-style progress thread), not loom's.
@@ -54,8 +54,8 @@ def main():
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    check = os.path.join(args.build, "bench", "ncclnet_check")
-    p2p_bw = os.path.join(args.build, "bench", "fi_p2p_bw")
+    check = os.path.join(args.build, "tools", "ncclnet_check", "ncclnet_check")
+    p2p_bw = os.path.join(args.build, "bench", "p2p_bw", "fi_p2p_bw")
     plugin = os.path.abspath(os.path.join(args.build, "lib", "nccl", "libnccl-net-loom.so"))
     with tempfile.TemporaryDirectory() as tmp:
         for provider in args.providers.split(","):
