@@ -54,15 +54,14 @@ struct Profile {
   // own leaves after the data and off it (shm: a copy into shared memory, no system call).
   bool carry_control = true;
   // A message that carries control is padded to at least this many bytes (0: never). tcp;ofi_rxm
-  // on loopback delivers carriers below about 200 bytes ~1 us slower than larger ones (8-byte
-  // ping-pong 5.4 us unpadded, 4.4-4.6 padded to 256-512 bytes; 128-byte payloads, 197-byte
-  // carriers, 4.0-4.4); the cause is inside the provider or the kernel and not found yet.
+  // on loopback delivers carriers below about 200 bytes about a microsecond slower than larger
+  // ones (README, "Latency", has the figures); the cause is inside the provider or the kernel.
   std::size_t min_carrier_bytes = 0;
   // Whether a write that fits the inject size goes by fi_inject_writedata (no send completion).
   // Off where the provider copies an inject into a buffer of its own that a write from the
   // registered buffer would not need: rxm above its core provider's inject size (128 bytes on
-  // tcp), where the 4 KiB window-64 rate fell 4% (15 interleaved pairs); on shm both copy
-  // into the peer's region alike, and the inject spares a CQ write under its lock.
+  // tcp), where it costs a copy per write; on shm both copy into the peer's region alike, and
+  // the inject spares a CQ write under its lock.
   bool inject_writes = true;
   // Eager buffers a receiving communicator posts when LOOM_EAGER_CREDITS is auto (its memory:
   // this many times LOOM_EAGER_MAX). A message sent on a credit needs no clear-to-send first;

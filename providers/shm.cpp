@@ -37,11 +37,10 @@ std::size_t remove_regions(int pid) {
 
 // A write with remote CQ data takes two commands in shm 1.17's receive queue (the command
 // and its RMA iov) and the receiver's progress handles both; a tagged send takes one. With a
-// credit for every message of a 64-deep window (fabtests' bandwidth window) the 4 KiB rate
-// rose 10% over 16 credits (30 interleaved runs: 0.568 vs 0.516 Mxfer/s, fi_rdm_tagged_bw
-// 0.585); 96 and 128 credits gained 2-3% more in another series, not worth their memory.
-// 1 MiB per receiving communicator at the default LOOM_EAGER_MAX, of which a message touches
-// only the pages it fills; shm's peers are the processes of one host.
+// credit for every message of a 64-deep window (fabtests' bandwidth window) nearly every small
+// message goes as a send (README, "Protocols", has the rates); more credits gain little for
+// their memory. 1 MiB per receiving communicator at the default LOOM_EAGER_MAX, of which a message
+// touches only the pages it fills; shm's peers are the processes of one host.
 constexpr unsigned kShmEagerCredits = 64;
 
 // shm 1.17 completes sends and writes above its inject size (SMR_INJECT_SIZE) when the peer

@@ -107,8 +107,8 @@ void Report::footer(const SetupFigures& setup, const ContextStats& stats) const 
   std::map<std::string, std::uint64_t> per_rail;  // "data 0 on lo" -> bytes
   for (const auto& lane : stats.lanes) {
     registrations += lane.registrations;
-    hits += lane.mr_cache_hits;
-    misses += lane.mr_cache_misses;
+    hits += lane.registrations_shared;
+    misses += lane.registrations_made;
     ++(lane.send ? send_lanes : recv_lanes);
     std::size_t data = 0, control = 0;
     for (const auto& rail : lane.rails) {

@@ -290,9 +290,8 @@ struct LaneDescription {
   std::size_t endpoints = 0;
   std::size_t registrations = 0;  // fid_mr objects (per endpoint under FI_MR_ENDPOINT)
   std::size_t registered_bytes = 0;
-  std::uint64_t mr_cache_hits = 0;
-  std::uint64_t mr_cache_misses = 0;
-  std::uint64_t mr_cache_evictions = 0;
+  std::uint64_t registrations_shared = 0;
+  std::uint64_t registrations_made = 0;
   // Control messages for this lane's communicators that rode inside a data message to another
   // of this process's lanes (LOOM_CARRY_CONTROL) instead of arriving on its control rails.
   std::uint64_t carried_control = 0;

@@ -17,7 +17,7 @@ EagerPool::EagerPool(ofi::RailSet& rails, std::size_t count, std::size_t buffer_
       memory_(std::make_unique_for_overwrite<std::byte[]>(count * buffer_size)),
       slots_(count) {
   registration_ =
-      &rails.mr_cache().acquire(memory_.get(), count * buffer_size, MemoryType::kHost, 0);
+      &rails.registration_table().acquire(memory_.get(), count * buffer_size, MemoryType::kHost, 0);
   reposts_.reserve(count);
   for (Slot& slot : slots_) slot.op.handler = this;
   for (std::uint32_t i = 0; i < slots_.size(); ++i) {
@@ -31,7 +31,7 @@ EagerPool::~EagerPool() {
   for (Slot& slot : slots_) {
     if (slot.posted) static_cast<void>(rails_->data(0).cancel(&slot.op));
   }
-  rails_->mr_cache().release(*registration_);
+  rails_->registration_table().release(*registration_);
 }
 
 bool EagerPool::post(std::uint32_t buffer) {

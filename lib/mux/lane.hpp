@@ -107,7 +107,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   [[nodiscard]] ofi::RailSet& rails() noexcept { return *rails_; }
   [[nodiscard]] ControlChannel& control() noexcept { return *control_; }
   // Held by a communicator for every call it makes; completions are dispatched under it.
-  [[nodiscard]] util::SpinLock& mutex() noexcept { return mutex_; }
+  [[nodiscard]] util::SpinLock& lock() noexcept { return mutex_; }
 
   // Gives `port` a comm id unique on this lane. Ids are drawn from a counter over all 2^16
   // values, skipping those whose slot (the id's low bits) is taken: the bits above the slot are

@@ -96,7 +96,7 @@ void LaneRegistry::leave(Lane& lane, std::uint64_t peer) {
       std::lock_guard carriers(carriers_mutex_);
       std::erase(by_id_, closing.get());
     }
-    std::lock_guard lane_lock(closing->mutex());
+    std::lock_guard lane_lock(closing->lock());
     if (!closing->quiescent()) {
       util::log().debug("lane {} closes once its last messages are out", closing->id());
       closing_.push_back(
@@ -128,13 +128,13 @@ void LaneRegistry::run_background() {
 void LaneRegistry::background_turn(std::vector<std::unique_ptr<Lane>>& finished) {
   for (Lane* lane : order_) {
     if (lane->take_progressed()) continue;
-    std::unique_lock lane_lock(lane->mutex(), std::try_to_lock);
+    std::unique_lock lane_lock(lane->lock(), std::try_to_lock);
     if (lane_lock.owns_lock()) lane->progress();
   }
   const auto now = std::chrono::steady_clock::now();
   std::erase_if(closing_, [&](Closing& closing) {
     Lane& lane = *closing.lane;
-    std::unique_lock lane_lock(lane.mutex(), std::try_to_lock);
+    std::unique_lock lane_lock(lane.lock(), std::try_to_lock);
     if (!lane_lock.owns_lock()) return false;
     lane.progress();
     if (!lane.quiescent() && now < closing.deadline) return false;
@@ -154,7 +154,7 @@ void LaneRegistry::progress_another(const Lane& busy) {
     lane = order_[cursor_];
   }
   // The registry lock is held throughout: leave() cannot destroy the lane meanwhile.
-  std::unique_lock lane_lock(lane->mutex(), std::try_to_lock);
+  std::unique_lock lane_lock(lane->lock(), std::try_to_lock);
   if (lane_lock.owns_lock()) lane->progress();
 }
 
@@ -163,7 +163,7 @@ void LaneRegistry::run_deferred_elsewhere(const Lane& busy) {
   if (!registry.owns_lock()) return;
   for (Lane* lane : order_) {
     if (lane == &busy || !lane->has_deferred()) continue;
-    std::unique_lock lane_lock(lane->mutex(), std::try_to_lock);
+    std::unique_lock lane_lock(lane->lock(), std::try_to_lock);
     if (lane_lock.owns_lock()) lane->run_deferred();
   }
 }
@@ -204,7 +204,7 @@ std::size_t LaneRegistry::take_carried_control(std::uint64_t peer, std::span<std
   const auto [first, last] = std::equal_range(sources_.begin(), sources_.end(), peer, ByPeer{});
   for (auto it = first; it != last; ++it) {
     const ControlSource& source = *it;
-    std::unique_lock lane_lock(source.lane->mutex(), std::try_to_lock);
+    std::unique_lock lane_lock(source.lane->lock(), std::try_to_lock);
     if (!lane_lock.owns_lock()) continue;
     if (const std::size_t n = source.lane->take_carried_control(source.comm, out, target_lane))
       return n;
@@ -229,7 +229,7 @@ RegistryStats LaneRegistry::stats() const {
   stats.closing = closing_.size() + finishing_;
   for (const auto& [key, entry] : lanes_) {
     Lane& lane = *entry.lane;
-    std::lock_guard lane_lock(lane.mutex());
+    std::lock_guard lane_lock(lane.lock());
     LaneSummary summary{.id = lane.id(),
                         .direction = key.direction,
                         .peers = lane.peers(),
@@ -237,7 +237,7 @@ RegistryStats LaneRegistry::stats() const {
                         .retired = lane.stats().retired,
                         .carried_control = lane.stats().carried_control,
                         .endpoints = lane.rails().rails().size(),
-                        .mr_cache = lane.rails().mr_cache().stats(),
+                        .registration_table = lane.rails().registration_table().stats(),
                         .rails = {}};
     for (ofi::Rail* rail : lane.rails().rails()) {
       ++stats.endpoints_per_nic[rail->nic().attributes().domain];

@@ -52,7 +52,7 @@ struct LaneSummary {
   std::size_t retired;            // closed ones the lane keeps until their operations drain
   std::uint64_t carried_control;  // control messages that came through its inbox
   std::size_t endpoints;          // rails
-  ofi::MrCacheStats mr_cache;
+  ofi::RegistrationTableStats registration_table;
   std::vector<RailSummary> rails;
 };
 

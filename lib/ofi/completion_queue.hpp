@@ -4,7 +4,7 @@
 // us, rxm gives each endpoint a CQ of its own, so every read costs a poll() per endpoint bound.)
 // Completions route by context; the CQ data of remote writes goes to the queue's
 // RemoteWriteHandler. In FI_RX_CQ_DATA mode a remote write also completes the receive it
-// consumed (a rail's credit, see RxCqDataCredits), by that receive's context like any other.
+// consumed (a rail's receive, see RxCqDataReceives), by that receive's context like any other.
 #pragma once
 
 #include <cstddef>

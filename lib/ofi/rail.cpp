@@ -32,7 +32,7 @@ Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, Comple
       index_(index),
       depths_(depths),
       description_(describe()),
-      credits_(*this),
+      receives_(*this),
       cq_(shared) {
   const std::string& provider = nic.attributes().provider;
   const std::string operation = "open " + describe(false);  // Error adds the provider
@@ -52,7 +52,7 @@ Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, Comple
   av_.reset(av);
 
   if (cq_ == nullptr) {
-    own_cq_ = std::make_unique<CompletionQueue>(nic, depths_.tx + depths_.rx + kRxCqDataCredits);
+    own_cq_ = std::make_unique<CompletionQueue>(nic, depths_.tx + depths_.rx + kRxCqDataReceives);
     cq_ = own_cq_.get();
   }
 
@@ -81,13 +81,13 @@ Rail::Rail(Nic& nic, RailRole role, std::size_t index, RailDepths depths, Comple
   self_ = insert_peer(name_);
 
   flush_ = std::make_unique<FlushBuffer>(registration_target());
-  if (role_ == RailRole::kData && nic.attributes().rx_cq_data) credits_.post_all();
+  if (role_ == RailRole::kData && nic.attributes().rx_cq_data) receives_.post_all();
   util::log().debug("opened {} (tx {}, rx {})", describe(), depths_.tx, depths_.rx);
 }
 
 // Posted receives hold contexts owned by this rail; cancel them before the endpoint closes.
 Rail::~Rail() {
-  credits_.cancel_posted();
+  receives_.cancel_posted();
 }
 
 std::string Rail::describe(bool with_provider) const {
@@ -135,14 +135,14 @@ void Rail::remove_peer(Address peer) noexcept {
   }
 }
 
-void RxCqDataCredits::post_all() {
-  credits_.resize(kCount);
+void RxCqDataReceives::post_all() {
+  receives_.resize(kCount);
   waiting_.reserve(kCount);  // repost() never allocates
-  for (auto& credit : credits_) {
-    credit.handler = this;
-    const Status s = rail_->recv(nullptr, 0, nullptr, &credit);
+  for (auto& receive : receives_) {
+    receive.handler = this;
+    const Status s = rail_->recv(nullptr, 0, nullptr, &receive);
     if (s == Status::kRetry) {
-      waiting_.push_back(&credit);
+      waiting_.push_back(&receive);
     } else if (s != Status::kOk) {
       throw Error("open " + rail_->describe(false), rail_->nic().attributes().provider, 0,
                   "cannot post receives for FI_RX_CQ_DATA: " + rail_->last_error());
@@ -152,10 +152,10 @@ void RxCqDataCredits::post_all() {
 
 // cancel() logs a failure; one the provider no longer holds has completed already. Credits
 // waiting to be posted again are not posted: nothing to cancel.
-void RxCqDataCredits::cancel_posted() noexcept {
-  for (auto& credit : credits_) {
-    if (std::find(waiting_.begin(), waiting_.end(), &credit) == waiting_.end()) {
-      static_cast<void>(rail_->cancel(&credit));
+void RxCqDataReceives::cancel_posted() noexcept {
+  for (auto& receive : receives_) {
+    if (std::find(waiting_.begin(), waiting_.end(), &receive) == waiting_.end()) {
+      static_cast<void>(rail_->cancel(&receive));
     }
   }
 }

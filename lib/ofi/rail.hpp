@@ -40,41 +40,41 @@ struct RailStats {
 };
 
 // FI_RX_CQ_DATA (efa, verbs): remote CQ data consumes a posted receive, and the write's
-// completion carries that receive's context. A data rail keeps kCount empty receives (credits)
+// completion carries that receive's context. A data rail keeps kCount empty receives
 // posted; each is an OpContext whose handler is this object, so the CQ routes it back here like
-// any other operation, and it is posted again at once. A credit the provider refuses
+// any other operation, and it is posted again at once. A receive the provider refuses
 // (back-pressure) waits until retry(); one that completes in error is logged and posted again:
-// each credit lost would leave one remote write fewer that can complete.
-class RxCqDataCredits final : public CompletionHandler {
+// each one lost would leave one remote write fewer that can complete.
+class RxCqDataReceives final : public CompletionHandler {
  public:
   static constexpr std::size_t kCount = 64;
 
-  explicit RxCqDataCredits(Rail& rail) noexcept : rail_(&rail) {}
-  // Posts every credit. Throws loom::Error when the provider refuses one other than for
+  explicit RxCqDataReceives(Rail& rail) noexcept : rail_(&rail) {}
+  // Posts every receive. Throws loom::Error when the provider refuses one other than for
   // back-pressure.
   void post_all();
-  // Posts again the credits the provider refused; false while some still wait.
+  // Posts again the receives the provider refused; false while some still wait.
   bool retry() { return waiting_.empty() || retry_waiting(); }
-  // Asks the provider to cancel the credits it holds (the rail is closing); they complete with
+  // Asks the provider to cancel the receives it holds (the rail is closing); they complete with
   // kCancelled, which posts nothing.
   void cancel_posted() noexcept;
 
-  void on_completion(OpContext& credit, const Completion& completion) override;
+  void on_completion(OpContext& receive, const Completion& completion) override;
 
  private:
-  void repost(OpContext& credit);
+  void repost(OpContext& receive);
   bool retry_waiting();
 
   Rail* rail_;
-  std::vector<OpContext> credits_;
+  std::vector<OpContext> receives_;
   std::vector<OpContext*> waiting_;  // not posted: refused, to be posted again
-  util::LogLimit errors_;            // credits completing in error
+  util::LogLimit errors_;            // receives completing in error
 };
 
 class Rail {
  public:
   // Receives kept posted for FI_RX_CQ_DATA providers: enough to cover a window of writes.
-  static constexpr std::size_t kRxCqDataCredits = RxCqDataCredits::kCount;
+  static constexpr std::size_t kRxCqDataReceives = RxCqDataReceives::kCount;
 
   // Opens an endpoint on `nic`, binds it to `shared` (or a CQ of its own when null) and a new
   // AV, enables it and inserts its own address (for flush reads). Throws loom::Error.
@@ -144,14 +144,14 @@ class Rail {
   // queued, or it was never posted.
   Status cancel(OpContext* op) noexcept;
 
-  // Posts again the FI_RX_CQ_DATA credits the provider refused (RxCqDataCredits); false while
+  // Posts again the FI_RX_CQ_DATA receives the provider refused (RxCqDataReceives); false while
   // some still wait. The rail set calls it for its data rails before reading their CQs.
-  bool retry_credits() { return credits_.retry(); }
+  bool retry_receives() { return receives_.retry(); }
 
   // Reads this rail's CQ once (and with it the other rails sharing it), after posting again
-  // this rail's refused credits; returns completions handled.
+  // this rail's refused receives; returns completions handled.
   std::size_t progress() {
-    retry_credits();
+    retry_receives();
     return cq_->progress();
   }
 
@@ -171,7 +171,7 @@ class Rail {
   // Receives consumed by remote CQ data, for providers in FI_RX_CQ_DATA mode. Declared before
   // the endpoint and the CQ, so destroyed after them: the provider may write into a posted
   // context until both are closed.
-  RxCqDataCredits credits_;
+  RxCqDataReceives receives_;
   // Declaration order is teardown order, reversed: flush buffer MR, endpoint, own CQ, AV.
   FidPtr<fid_av> av_;
   std::unique_ptr<CompletionQueue> own_cq_;
@@ -185,8 +185,8 @@ class Rail {
   util::LogLimit post_errors_;
 };
 
-// The registration targets of `rails`, in order, for MemoryRegistration and MrCache. The rails
-// must outlive what is registered through them.
+// The registration targets of `rails`, in order, for MemoryRegistration and RegistrationTable. The
+// rails must outlive what is registered through them.
 [[nodiscard]] std::vector<RegistrationTarget> registration_targets(std::span<Rail* const> rails);
 
 }  // namespace loom::ofi

@@ -126,24 +126,24 @@ Status Rail::flush(const MemoryRegistration& registration, const void* address, 
               registration.remote_address(address), registration.key(index_), op);
 }
 
-// The remote write's CQ data goes to the CQ's RemoteWriteHandler; the credit only comes back.
-void RxCqDataCredits::on_completion(OpContext& credit, const Completion& completion) {
+// The remote write's CQ data goes to the CQ's RemoteWriteHandler; the receive only comes back.
+void RxCqDataReceives::on_completion(OpContext& receive, const Completion& completion) {
   if (completion.status == Status::kCancelled) return;  // the rail is closing
   if (completion.status != Status::kOk && errors_.admit()) {
     util::log().error("receive for remote CQ data failed, posted again: {}{}",
                       completion.error_text, errors_.suffix());
   }
-  repost(credit);
+  repost(receive);
 }
 
-// Remote writes stall once no credit is posted, so a refused one must come back.
-void RxCqDataCredits::repost(OpContext& credit) {
-  if (rail_->recv(nullptr, 0, nullptr, &credit) == Status::kOk) [[likely]]
+// Remote writes stall once no receive is posted, so a refused one must come back.
+void RxCqDataReceives::repost(OpContext& receive) {
+  if (rail_->recv(nullptr, 0, nullptr, &receive) == Status::kOk) [[likely]]
     return;
-  waiting_.push_back(&credit);  // capacity reserved for every credit
+  waiting_.push_back(&receive);  // capacity reserved for every receive
 }
 
-bool RxCqDataCredits::retry_waiting() {
+bool RxCqDataReceives::retry_waiting() {
   while (!waiting_.empty()) {
     if (rail_->recv(nullptr, 0, nullptr, waiting_.back()) != Status::kOk) return false;
     waiting_.pop_back();

@@ -81,7 +81,7 @@ RailSet::RailSet(const RailPlacement& placement, const RailSetShape& shape)
     if (const std::size_t limit = nic->attributes().max_msg_size; data && limit != 0) {
       max_msg_size_ = std::min(max_msg_size_, limit);
     }
-    cq_sizes[cq_of[i]] += depths[i].tx + depths[i].rx + Rail::kRxCqDataCredits;
+    cq_sizes[cq_of[i]] += depths[i].tx + depths[i].rx + Rail::kRxCqDataReceives;
   }
   for (std::size_t n = 0; n < cq_nics.size(); ++n) {
     cqs_.push_back(std::make_unique<CompletionQueue>(*cq_nics[n], cq_sizes[n]));
@@ -93,8 +93,8 @@ RailSet::RailSet(const RailPlacement& placement, const RailSetShape& shape)
                                             i, depths[i], cqs_[cq_of[i]].get()));
     rail_pointers_.push_back(rails_.back().get());
   }
-  mr_cache_ =
-      std::make_unique<MrCache>(registration_targets(rail_pointers_), shape.mr_cache_entries);
+  registration_table_ = std::make_unique<RegistrationTable>(registration_targets(rail_pointers_),
+                                                            shape.mr_cache_entries);
 }
 
 // Registrations bound to the endpoints (FI_MR_ENDPOINT) close before them. Others close after
@@ -108,8 +108,8 @@ RailSet::~RailSet() {
 
 std::size_t RailSet::progress() {
   // Credits the provider refused (FI_RX_CQ_DATA back-pressure) are posted again first: remote
-  // writes stall while none is posted. Only data rails hold credits.
-  for (std::size_t i = 0; i < data_rails_; ++i) rails_[i]->retry_credits();
+  // writes stall while none is posted. Only data rails hold receives.
+  for (std::size_t i = 0; i < data_rails_; ++i) rails_[i]->retry_receives();
   std::size_t handled = 0;
   for (std::size_t i = 0; i < data_cqs_; ++i) handled += cqs_[i]->progress();
   if (handled != 0 && control_skips_left_ > 0) {

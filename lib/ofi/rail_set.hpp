@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "ofi/mr_cache.hpp"
 #include "ofi/rail.hpp"
+#include "ofi/registration_table.hpp"
 
 namespace loom::ofi {
 
@@ -50,11 +50,11 @@ class RailSet {
   [[nodiscard]] Rail& control(std::size_t i) noexcept { return *rails_[data_rails_ + i]; }
   // All rails, data first; Rail::index() is the position here.
   [[nodiscard]] std::span<Rail* const> rails() const noexcept { return rail_pointers_; }
-  [[nodiscard]] MrCache& mr_cache() noexcept { return *mr_cache_; }
+  [[nodiscard]] RegistrationTable& registration_table() noexcept { return *registration_table_; }
   // The longest single transfer every data rail's provider takes (ep_attr->max_msg_size).
   [[nodiscard]] std::size_t max_msg_size() const noexcept { return max_msg_size_; }
 
-  // Posts again the data rails' refused FI_RX_CQ_DATA credits, then reads the data CQs (one per
+  // Posts again the data rails' refused FI_RX_CQ_DATA receives, then reads the data CQs (one per
   // NIC) once, and the control CQs unless data completions came and the control CQs were empty
   // on one of the last kIdleControlSkips reads; returns completions handled. On rxm every
   // endpoint has a CQ of its own below ours, and reading an idle one is a poll() and a clock read
@@ -78,7 +78,7 @@ class RailSet {
   std::vector<std::unique_ptr<CompletionQueue>> cqs_;
   std::vector<std::unique_ptr<Rail>> rails_;
   std::vector<Rail*> rail_pointers_;
-  std::unique_ptr<MrCache> mr_cache_;  // last: destroyed first
+  std::unique_ptr<RegistrationTable> registration_table_;  // last: destroyed first
 };
 
 // Depths clamped to what `nic` allows; logs at info level when a value was lowered.

@@ -192,11 +192,10 @@ ContextStats Context::stats() const {
                                 .comms = lane.comms,
                                 .retired = lane.retired,
                                 .endpoints = lane.endpoints,
-                                .registrations = lane.mr_cache.registrations,
-                                .registered_bytes = lane.mr_cache.bytes,
-                                .mr_cache_hits = lane.mr_cache.hits,
-                                .mr_cache_misses = lane.mr_cache.misses,
-                                .mr_cache_evictions = lane.mr_cache.evictions,
+                                .registrations = lane.registration_table.registrations,
+                                .registered_bytes = lane.registration_table.bytes,
+                                .registrations_shared = lane.registration_table.hits,
+                                .registrations_made = lane.registration_table.misses,
                                 .carried_control = lane.carried_control,
                                 .rails = {}};
     for (const auto& rail : lane.rails) {

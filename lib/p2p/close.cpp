@@ -73,7 +73,7 @@ void Comm::close(std::unique_ptr<Comm> self) {
   mux::Lane& lane = *self->lane_;
   bool drained = false;
   {
-    std::unique_lock lock(lane.mutex());
+    std::unique_lock lock(lane.lock());
     // A close notice from the peer may be waiting: then the peer's endpoints may be gone, and
     // some providers (shm) cannot take a message for a closed endpoint.
     self->closed_ = true;
@@ -117,7 +117,7 @@ void Comm::close(std::unique_ptr<Comm> self) {
         "communicator {} on lane {} closed with operations towards a lost peer in flight; the "
         "lane frees it once they complete or its endpoints close",
         self->id_, lane.id());
-    std::lock_guard lock(lane.mutex());
+    std::lock_guard lock(lane.lock());
     lane.retire(std::move(self));
   }
   self.reset();

@@ -63,7 +63,7 @@ Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::ui
       requests_(this, kMaxRequests) {
   retry_.reserve(kMaxRequests);
   retrying_.reserve(kMaxRequests);
-  std::lock_guard lock(lane.mutex());
+  std::lock_guard lock(lane.lock());
   id_ = lane.attach(*this);
 }
 
@@ -80,7 +80,7 @@ Comm::~Comm() {
     release_peer_addresses();
     return;
   }
-  std::lock_guard lock(lane_->mutex());
+  std::lock_guard lock(lane_->lock());
   Comm::release_registrations();
   release_peer_addresses();
   lane_->detach(id_);
@@ -97,7 +97,8 @@ void Comm::release_peer_addresses() noexcept {
 
 void Comm::release_registrations() {
   for (auto& entry : registrations_) {
-    if (entry.registration != nullptr) lane_->rails().mr_cache().release(*entry.registration);
+    if (entry.registration != nullptr)
+      lane_->rails().registration_table().release(*entry.registration);
     entry.registration = nullptr;
   }
 }
@@ -127,7 +128,7 @@ LaneAddresses Comm::local_addresses() const {
 }
 
 void Comm::connect_peer(const LaneAddresses& peer) {
-  std::lock_guard lock(lane_->mutex());
+  std::lock_guard lock(lane_->lock());
   auto& rails = lane_->rails();
   data_rails_ = std::min(rails.data_rails(), peer.data.size());
   control_rails_ = std::min(rails.control_rails(), peer.control.size());
@@ -152,10 +153,10 @@ void Comm::connect_peer(const LaneAddresses& peer) {
 
 MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryType type,
                                    int device) {
-  std::lock_guard lock(lane_->mutex());
+  std::lock_guard lock(lane_->lock());
   if (closed_) throw Error("register memory", settings_.provider, 0, "communicator is closed");
   ofi::MemoryRegistration& registration =
-      lane_->rails().mr_cache().acquire(data, size, type, device);
+      lane_->rails().registration_table().acquire(data, size, type, device);
   std::uint32_t slot;
   if (free_registrations_.empty()) {
     slot = static_cast<std::uint32_t>(registrations_.size());
@@ -181,7 +182,7 @@ MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryTyp
 // provider may read or write through it (a rendezvous write posted when its clear-to-send
 // comes). The handle is invalid from now on either way.
 void Comm::deregister(MemoryRegion region) {
-  std::lock_guard lock(lane_->mutex());
+  std::lock_guard lock(lane_->lock());
   if (region.comm_ != serial_ || region.slot_ >= registrations_.size()) return;
   Registration& entry = registrations_[region.slot_];
   if (entry.registration == nullptr || entry.deregistered ||
@@ -202,7 +203,7 @@ void Comm::deregister(MemoryRegion region) {
 
 void Comm::release_slot(std::uint32_t slot) {
   Registration& entry = registrations_[slot];
-  lane_->rails().mr_cache().release(*entry.registration);
+  lane_->rails().registration_table().release(*entry.registration);
   entry.registration = nullptr;
   entry.deregistered = false;
   free_registrations_.push_back(slot);
@@ -373,7 +374,7 @@ Status Comm::test(const loom::Request& handle, std::span<std::size_t> sizes) {
 
 Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled) {
   Request* request = &r;
-  std::unique_lock lock(lane_->mutex());
+  std::unique_lock lock(lane_->lock());
   // An earlier CQ read may already have finished it: only poll (a system call on some
   // providers) for requests still pending.
   handled = 1;
@@ -390,7 +391,7 @@ Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled
     // Our lane had nothing to do: now and then give another a turn (see
     // LaneRegistry::progress_another). Not every time: on shm each poll contends for the
     // peer's queue lock.
-    if (handled == 0 && (++idle_polls_ & (kIdlePollsPerKick - 1)) == 0) {
+    if (handled == 0 && (++idle_polls_ & (kIdlePollsPerProgressAnother - 1)) == 0) {
       lanes_.progress_another(*lane_);
     }
     return Status::kInProgress;
@@ -457,7 +458,7 @@ Status Comm::wait(const loom::Request& handle, std::span<std::size_t> sizes,
 CommStats Comm::stats() const {
   // Under the lane lock: completions of this communicator's receives (eager and rendezvous
   // counts) may be handled by another thread progressing the shared lane.
-  std::lock_guard lock(lane_->mutex());
+  std::lock_guard lock(lane_->lock());
   CommStats stats = stats_;
   stats.lane_id = lane_->id();
   stats.lane_comms = lane_->stats().comms;

@@ -31,8 +31,8 @@ class ContextCore;
 inline constexpr std::size_t kMaxRequests = kMaxRequestsPerComm;
 inline constexpr std::size_t kSeqWindow = 1024;
 // Idle test() calls between turns given to another lane (a power of two).
-inline constexpr unsigned kIdlePollsPerKick = 16;
-static_assert((kIdlePollsPerKick & (kIdlePollsPerKick - 1)) == 0);
+inline constexpr unsigned kIdlePollsPerProgressAnother = 16;
+static_assert((kIdlePollsPerProgressAnother & (kIdlePollsPerProgressAnother - 1)) == 0);
 static_assert(kMaxRequests * kMaxParts <= kSeqWindow);
 // One limit under two names: the public one, and the wire's and the request's.
 static_assert(kMaxParts == kMaxRecvBuffers, "a receive request's parts are irecv's buffers");

@@ -153,10 +153,10 @@ void SendCommImpl::send_ahead_waiting() {
 // sent when it posted the receive, usually waits already in our inbox (carried) or our control
 // CQ: read now, after the message left, the request is finished before isend returns, off the
 // message's path. Left to test(), the read keeps the sender polling a second queue while the
-// reply arrives, and on shm contends with the peer writing its next clearance into that queue
-// (shm 8-byte ping-pong 0.85 -> 0.76 us, medians of 6 interleaved). Only for a send alone on
-// its communicator: with others in flight the caller's tests read the lane anyway, and a read
-// in every isend cost a window of 64 small sends on shm 8-10% of its rate.
+// reply arrives, and on shm contends with the peer writing its next clearance into that queue,
+// which a ping-pong's latency shows. Only for a send alone on its communicator: with others in
+// flight the caller's tests read the lane anyway, and a read in every isend costs a window of
+// small sends a queue read per message.
 void SendCommImpl::collect_clearance(Request& r) {
   if (requests_.in_use_count() != 1) return;
   lane_->drain_inbox();

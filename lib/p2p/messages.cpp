@@ -45,7 +45,7 @@ void put_address(WireWriter& w, std::span<const std::byte> address) {
   w.bytes(address);
 }
 
-bool get_address(WireReader& r, Address& out) {
+bool get_address(WireReader& r, EndpointName& out) {
   const std::size_t length = r.u8();
   if (length == 0 || length > kMaxAddressBytes) return false;
   auto bytes = r.bytes(length);

@@ -41,7 +41,9 @@ inline constexpr std::size_t kMaxDataRails = 16;
 inline constexpr std::size_t kMaxControlRails = 4;
 inline constexpr std::size_t kMaxParts = 8;  // buffers per receive request
 
-using Address = std::vector<std::byte>;
+// An endpoint's name (fi_getname) as it crosses the wire; inserted into an address vector it
+// becomes an ofi::Address.
+using EndpointName = std::vector<std::byte>;
 
 // ---- listen handle (at most 128 bytes) ----
 inline constexpr std::size_t kHandleHeaderBytes = 4 + 1 + 1 + 4 + 8 + 8;
@@ -49,7 +51,7 @@ struct HandleData {
   std::uint32_t listener = 0;
   std::uint64_t nonce = 0;
   std::uint64_t context = 0;
-  std::vector<Address> addresses;  // the listener's bootstrap address(es), one per subnet
+  std::vector<EndpointName> addresses;  // the listener's bootstrap address(es), one per subnet
 };
 // Bytes written, or 0 if it does not fit in `out`.
 std::size_t encode_handle(const HandleData& handle, std::span<std::byte> out);
@@ -59,8 +61,8 @@ const char* decode_handle(std::span<const std::byte> in, HandleData& out);
 struct LaneAddresses {
   std::uint64_t lane = 0;  // the lane's id in its context
   std::uint16_t comm = 0;  // the communicator's id on that lane
-  std::vector<Address> data;
-  std::vector<Address> control;
+  std::vector<EndpointName> data;
+  std::vector<EndpointName> control;
 };
 
 struct ConnectMessage {
@@ -70,7 +72,7 @@ struct ConnectMessage {
   std::uint64_t nonce = 0;
   std::uint64_t context = 0;  // the connector's context id
   std::uint32_t connect_id = 0;
-  Address reply_to;  // the connector's bootstrap address
+  EndpointName reply_to;  // the connector's bootstrap address
   LaneAddresses lane;
 };
 std::size_t encode_connect(const ConnectMessage& message, std::span<std::byte> out);

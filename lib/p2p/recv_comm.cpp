@@ -15,7 +15,7 @@ RecvCommImpl::RecvCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t pee
 // constructor that threw) lets go here.
 RecvCommImpl::~RecvCommImpl() {
   if (closed_) return;
-  std::lock_guard lock(lane_->mutex());
+  std::lock_guard lock(lane_->lock());
   cancel_standing();
 }
 
@@ -37,7 +37,7 @@ RecvCommImpl::Posted& RecvCommImpl::claim_posted(std::uint32_t seq) {
 
 Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
   request = nullptr;
-  std::lock_guard lock(lane_->mutex());
+  std::lock_guard lock(lane_->lock());
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "irecv on a closed communicator");
   if (peer_gone()) [[unlikely]] {
@@ -78,7 +78,7 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
 
 Status RecvCommImpl::iflush(std::span<const RecvBuffer> buffers, Request*& request) {
   request = nullptr;
-  std::lock_guard lock(lane_->mutex());
+  std::lock_guard lock(lane_->lock());
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "iflush on a closed communicator");
   // The read must come from device memory: one from a host buffer orders nothing on the GPU.

@@ -7,7 +7,7 @@
 namespace loom::p2p {
 
 Route route_to(std::span<ofi::Nic* const> nics, const mux::LaneRegistry& lanes,
-               const std::vector<Address>& listener) {
+               const std::vector<EndpointName>& listener) {
   Route route;
   std::vector<ofi::Nic*> matching;
   std::string via;
@@ -37,7 +37,8 @@ Route route_to(std::span<ofi::Nic* const> nics, const mux::LaneRegistry& lanes,
     return route;
   }
   std::string theirs, ours;
-  for (const Address& a : listener) theirs += (theirs.empty() ? "" : ", ") + ofi::address_text(a);
+  for (const EndpointName& a : listener)
+    theirs += (theirs.empty() ? "" : ", ") + ofi::address_text(a);
   for (const ofi::Nic* nic : nics) {
     ours += (ours.empty() ? "" : ", ") + nic->attributes().domain + " " +
             (nic->subnet() != nullptr ? nic->subnet()->text() : std::string("(no subnet)"));
@@ -58,7 +59,7 @@ ofi::Nic* nic_on_subnet_of(std::span<ofi::Nic* const> nics, std::span<const std:
 ofi::RailPlacement placement_facing(std::span<ofi::Nic* const> nics, const mux::LaneRegistry& lanes,
                                     const LaneAddresses& peer) {
   ofi::RailPlacement placement = lanes.default_placement();
-  auto face = [&](std::vector<ofi::Nic*>& rails, const std::vector<Address>& theirs) {
+  auto face = [&](std::vector<ofi::Nic*>& rails, const std::vector<EndpointName>& theirs) {
     for (std::size_t i = 0; i < rails.size() && i < theirs.size(); ++i) {
       if (ofi::Nic* nic = nic_on_subnet_of(nics, theirs[i])) rails[i] = nic;
     }

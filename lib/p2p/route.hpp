@@ -29,7 +29,7 @@ struct Route {
 // Picks the listener address a local subnet holds (the first one, else the handle's first,
 // routed) and the local NICs on the subnets that hold any of the listener's addresses.
 [[nodiscard]] Route route_to(std::span<ofi::Nic* const> nics, const mux::LaneRegistry& lanes,
-                             const std::vector<Address>& listener);
+                             const std::vector<EndpointName>& listener);
 
 // Rail i on the local NIC whose subnet holds the peer's rail i (where one does), else where
 // the lane registry's default placement puts it.

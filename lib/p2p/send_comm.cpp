@@ -36,7 +36,7 @@ std::uint32_t SendCommImpl::in_flight_floor() const noexcept {
 Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const MemoryRegion& region,
                            Request*& request) {
   request = nullptr;
-  std::unique_lock lock(lane_->mutex());
+  std::unique_lock lock(lane_->lock());
   if (closed_) [[unlikely]]
     return reject(Status::kInvalid, "isend on a closed communicator");
   if (peer_gone()) [[unlikely]] {

@@ -59,17 +59,17 @@ class ByteSource {
 };
 
 // An address of 0 to kMaxAddressBytes + 1 bytes; `valid` turns false when it is out of range.
-inline p2p::Address make_address(ByteSource& s, bool& valid) {
+inline p2p::EndpointName make_address(ByteSource& s, bool& valid) {
   const std::size_t length = s.u8() % (p2p::kMaxAddressBytes + 2);
   valid = valid && length != 0 && length <= p2p::kMaxAddressBytes;
   return s.bytes(length);
 }
 
 // 0 to max + 1 addresses, each through make_address.
-inline std::vector<p2p::Address> make_addresses(ByteSource& s, std::size_t max, bool& valid) {
+inline std::vector<p2p::EndpointName> make_addresses(ByteSource& s, std::size_t max, bool& valid) {
   const std::size_t count = s.u8() % (max + 2);
   valid = valid && count != 0 && count <= max;
-  std::vector<p2p::Address> out(count);
+  std::vector<p2p::EndpointName> out(count);
   for (auto& a : out) a = make_address(s, valid);
   return out;
 }
@@ -81,9 +81,9 @@ inline std::size_t make_room(ByteSource& s, std::size_t expected) {
   return expected - std::min<std::size_t>(expected, 1 + (b & 0x7f));
 }
 
-inline bool addresses_fit(const std::vector<p2p::Address>& addresses, std::size_t max) {
+inline bool addresses_fit(const std::vector<p2p::EndpointName>& addresses, std::size_t max) {
   if (addresses.empty() || addresses.size() > max) return false;
-  return std::all_of(addresses.begin(), addresses.end(), [](const p2p::Address& a) {
+  return std::all_of(addresses.begin(), addresses.end(), [](const p2p::EndpointName& a) {
     return !a.empty() && a.size() <= p2p::kMaxAddressBytes;
   });
 }
@@ -102,7 +102,7 @@ inline bool lane_fits(const p2p::LaneAddresses& lane) {
          addresses_fit(lane.control, p2p::kMaxControlRails);
 }
 
-inline std::size_t wire_size(const std::vector<p2p::Address>& addresses) {
+inline std::size_t wire_size(const std::vector<p2p::EndpointName>& addresses) {
   std::size_t n = 0;
   for (const auto& a : addresses) n += 1 + a.size();
   return n;

@@ -25,14 +25,14 @@ struct Seed {
   Bytes bytes;
 };
 
-Address address(std::size_t n, std::uint8_t first) {
-  Address a(n);
+EndpointName address(std::size_t n, std::uint8_t first) {
+  EndpointName a(n);
   for (std::size_t i = 0; i < n; ++i) a[i] = std::byte(first + i);
   return a;
 }
 
-std::vector<Address> addresses(std::size_t count, std::size_t n) {
-  std::vector<Address> out;
+std::vector<EndpointName> addresses(std::size_t count, std::size_t n) {
+  std::vector<EndpointName> out;
   for (std::size_t i = 0; i < count; ++i)
     out.push_back(address(n, static_cast<std::uint8_t>(16 * i)));
   return out;

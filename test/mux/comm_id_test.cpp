@@ -50,7 +50,7 @@ TEST_CASE("mux ids of closed communicators are not reused soon and their traffic
   std::atomic<std::size_t> deferred{0};
   mux::Lane lane(ofi::RailPlacement::round_robin(pointers, 1, 1), mux::LaneShape{}, mux::LaneKey{},
                  1, deferred);
-  std::lock_guard lock(lane.mutex());
+  std::lock_guard lock(lane.lock());
 
   RecordingPort closed;
   const mux::CommId stale = lane.attach(closed);

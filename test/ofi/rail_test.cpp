@@ -82,7 +82,7 @@ void receiver(Channel& channel) {
   // 1. A tagged receive on every rail, each with its own pattern and CQ data.
   const std::size_t rails = set.rails().size();
   std::vector<std::byte> inbox(rails * kMessage);
-  auto& inbox_mr = set.mr_cache().acquire(inbox.data(), inbox.size());
+  auto& inbox_mr = set.registration_table().acquire(inbox.data(), inbox.size());
   std::vector<Tracker> receives(rails);
   for (std::size_t r = 0; r < rails; ++r) {
     require(set.rails()[r]->tagged_recv(inbox.data() + r * kMessage, kMessage, inbox_mr.desc(r),
@@ -110,7 +110,7 @@ void receiver(Channel& channel) {
 
   // 2. RMA write with remote CQ data on every data rail.
   std::vector<std::byte> target(kDataRails * kMessage);
-  auto& target_mr = set.mr_cache().acquire(target.data(), target.size());
+  auto& target_mr = set.registration_table().acquire(target.data(), target.size());
   RemoteWrites writes;
   for (std::size_t r = 0; r < kDataRails; ++r) set.data(r).set_remote_write_handler(&writes);
   WriteTarget where{};
@@ -142,8 +142,8 @@ void receiver(Channel& channel) {
     require(std::memcmp(landed.data(), received, landed.size()) == 0,
             "flush buffer does not hold the received bytes");
   }
-  set.mr_cache().release(inbox_mr);
-  set.mr_cache().release(target_mr);
+  set.registration_table().release(inbox_mr);
+  set.registration_table().release(target_mr);
   channel.barrier();  // sender done before we tear down
 }
 
@@ -158,7 +158,7 @@ void sender(Channel& channel) {
   std::vector<std::byte> outbox(rails * kMessage);
   for (std::size_t r = 0; r < rails; ++r)
     fill_pattern({outbox.data() + r * kMessage, kMessage}, r + 1);
-  auto& outbox_mr = set.mr_cache().acquire(outbox.data(), outbox.size());
+  auto& outbox_mr = set.registration_table().acquire(outbox.data(), outbox.size());
   channel.barrier();
   std::vector<Tracker> sends(rails);
   for (std::size_t r = 0; r < rails; ++r) {
@@ -185,7 +185,7 @@ void sender(Channel& channel) {
   std::vector<std::byte> source(kDataRails * kMessage);
   for (std::size_t r = 0; r < kDataRails; ++r)
     fill_pattern({source.data() + r * kMessage, kMessage}, 100 + r);
-  auto& source_mr = set.mr_cache().acquire(source.data(), source.size());
+  auto& source_mr = set.registration_table().acquire(source.data(), source.size());
   std::vector<Tracker> writes(kDataRails);
   for (std::size_t r = 0; r < kDataRails; ++r) {
     post(
@@ -200,8 +200,8 @@ void sender(Channel& channel) {
   wait_for(
       set, [&] { return writes[0].completions && writes[1].completions; }, "writes");
   for (auto& t : writes) require(t.last.status == Status::kOk, "write: " + t.error_text);
-  set.mr_cache().release(outbox_mr);
-  set.mr_cache().release(source_mr);
+  set.registration_table().release(outbox_mr);
+  set.registration_table().release(source_mr);
   channel.barrier();
 }
 
@@ -249,7 +249,7 @@ TEST_CASE("rail key used after deregistration is refused", "[pair]") {
         auto where = channel.recv_value<WriteTarget>();
         std::vector<std::byte> source(kMessage);
         fill_pattern(source, 7);
-        auto& mr = set.mr_cache().acquire(source.data(), source.size());
+        auto& mr = set.registration_table().acquire(source.data(), source.size());
         Tracker write;
         Status posted = Status::kRetry;
         poll_until([&] { return posted != Status::kRetry; },
@@ -277,7 +277,7 @@ TEST_CASE("rail key used after deregistration is refused", "[pair]") {
         }
         std::fprintf(stderr, "write to a revoked key: %s\n",
                      refused ? "refused" : "completed at transmit (the target drops it)");
-        set.mr_cache().release(mr);
+        set.registration_table().release(mr);
         channel.send_value<std::uint32_t>(1);
       });
   INFO(failure);
@@ -306,9 +306,9 @@ TEST_CASE("rail FI_RX_CQ_DATA credits refused on repost are posted again", "[rx-
   const ofi::Address self = rail.insert_peer(rail.address());
   std::vector<std::byte> source(4096), target(4096);
   fill_pattern(source, 5);
-  auto& source_mr = set.mr_cache().acquire(source.data(), source.size());
-  auto& target_mr = set.mr_cache().acquire(target.data(), target.size());
-  const std::size_t writes_wanted = 10 * ofi::Rail::kRxCqDataCredits;
+  auto& source_mr = set.registration_table().acquire(source.data(), source.size());
+  auto& target_mr = set.registration_table().acquire(target.data(), target.size());
+  const std::size_t writes_wanted = 10 * ofi::Rail::kRxCqDataReceives;
   for (std::size_t i = 0; i < writes_wanted; ++i) {
     Tracker write;
     post(
@@ -328,8 +328,8 @@ TEST_CASE("rail FI_RX_CQ_DATA credits refused on repost are posted again", "[rx-
     REQUIRE(writes.data.back() == i);
   }
   CHECK(check_pattern(target, 5).empty());
-  set.mr_cache().release(source_mr);
-  set.mr_cache().release(target_mr);
+  set.registration_table().release(source_mr);
+  set.registration_table().release(target_mr);
 }
 
 }  // namespace loom::test

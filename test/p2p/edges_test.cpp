@@ -25,8 +25,8 @@ Totals totals(const Context& context) {
   Totals t;
   for (const LaneDescription& lane : context.stats().lanes) {
     t.registrations += lane.registrations;
-    t.misses += lane.mr_cache_misses;
-    t.hits += lane.mr_cache_hits;
+    t.misses += lane.registrations_made;
+    t.hits += lane.registrations_shared;
   }
   return t;
 }

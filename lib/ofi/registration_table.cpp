@@ -9,7 +9,7 @@
 // below us, so a second, unmonitored one here would buy little and risk everything. What stays
 // is sharing: concurrent users of the same pages (comms on one lane, neighbouring buffers) hold
 // one registration, which also bounds the fid_mr count under FI_MR_ENDPOINT.
-#include "ofi/mr_cache.hpp"
+#include "ofi/registration_table.hpp"
 
 #include <unistd.h>
 
@@ -17,22 +17,23 @@
 
 namespace loom::ofi {
 
-MrCache::MrCache(std::span<const RegistrationTarget> targets, std::size_t soft_bound)
+RegistrationTable::RegistrationTable(std::span<const RegistrationTarget> targets,
+                                     std::size_t soft_bound)
     : targets_(targets.begin(), targets.end()),
       soft_bound_(soft_bound),
       page_size_(static_cast<std::size_t>(sysconf(_SC_PAGESIZE))) {}
 
 // Entries (and their fid_mr objects) go before the rails they are bound to: the rail set
 // declares its cache after its rails.
-MrCache::~MrCache() = default;
+RegistrationTable::~RegistrationTable() = default;
 
-MrCache::Key MrCache::key_of(const MemoryRegistration& registration) {
+RegistrationTable::Key RegistrationTable::key_of(const MemoryRegistration& registration) {
   auto start = reinterpret_cast<std::uintptr_t>(registration.base());
   return {registration.type(), registration.device(), start, start + registration.length()};
 }
 
-MemoryRegistration& MrCache::acquire(const void* pointer, std::size_t length, MemoryType type,
-                                     int device) {
+MemoryRegistration& RegistrationTable::acquire(const void* pointer, std::size_t length,
+                                               MemoryType type, int device) {
   auto start = reinterpret_cast<std::uintptr_t>(pointer);
   auto end = start + length;
   // Device allocations may not extend to a page boundary; only host ranges are widened.
@@ -67,7 +68,7 @@ MemoryRegistration& MrCache::acquire(const void* pointer, std::size_t length, Me
   return result;
 }
 
-void MrCache::release(MemoryRegistration& registration) {
+void RegistrationTable::release(MemoryRegistration& registration) {
   auto it = entries_.find(key_of(registration));
   if (it == entries_.end() || it->second.registration.get() != &registration ||
       it->second.references == 0) {

@@ -1,7 +1,7 @@
 // Registrations are expensive, and under FI_MR_ENDPOINT multiplied by the endpoint count, so a
 // rail set shares them between the concurrent users of the same pages: keyed by (memory type,
 // device, page-aligned range) and reference counted. An entry whose last user releases it is
-// deregistered at once; nothing is kept for a later user (see mr_cache.cpp for why).
+// deregistered at once; nothing is kept for a later user (see registration_table.cpp for why).
 #pragma once
 
 #include <cstddef>
@@ -17,10 +17,9 @@
 
 namespace loom::ofi {
 
-struct MrCacheStats {
+struct RegistrationTableStats {
   std::uint64_t hits = 0;         // acquires that shared a registration already in use
   std::uint64_t misses = 0;       // acquires that registered
-  std::uint64_t evictions = 0;    // always 0: no unreferenced entry is kept to evict
   std::size_t entries = 0;        // registrations held, every one in use
   std::size_t in_use = 0;         // entries with references (== entries)
   std::size_t registrations = 0;  // fid_mr objects behind the entries
@@ -28,13 +27,13 @@ struct MrCacheStats {
 };
 
 // Not thread-safe: the owner of the rail set serializes access (lib/mux's lane lock).
-class MrCache {
+class RegistrationTable {
  public:
   // `soft_bound`: above this many entries (all in use) a debug line says so; nothing is refused.
-  MrCache(std::span<const RegistrationTarget> targets, std::size_t soft_bound);
-  ~MrCache();
-  MrCache(const MrCache&) = delete;
-  MrCache& operator=(const MrCache&) = delete;
+  RegistrationTable(std::span<const RegistrationTarget> targets, std::size_t soft_bound);
+  ~RegistrationTable();
+  RegistrationTable(const RegistrationTable&) = delete;
+  RegistrationTable& operator=(const RegistrationTable&) = delete;
 
   // A registration covering [pointer, pointer + length), with a reference taken. Host memory
   // is widened to whole pages so neighbouring buffers in use at once share entries. Throws
@@ -44,7 +43,7 @@ class MrCache {
   // Drops a reference; the last one deregisters (closes the fid_mr objects) at once.
   void release(MemoryRegistration& registration);
 
-  [[nodiscard]] const MrCacheStats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const RegistrationTableStats& stats() const noexcept { return stats_; }
   [[nodiscard]] std::size_t max_entries() const noexcept { return soft_bound_; }
 
  private:
@@ -60,7 +59,7 @@ class MrCache {
   std::size_t soft_bound_;
   std::size_t page_size_;
   std::map<Key, Entry> entries_;
-  MrCacheStats stats_;
+  RegistrationTableStats stats_;
 };
 
 }  // namespace loom::ofi
