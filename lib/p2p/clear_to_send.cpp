@@ -16,41 +16,6 @@
 
 namespace loom::p2p {
 
-std::string explain(Verdict verdict, Side side, std::uint32_t seq, const BufferFacts& buffer,
-                    std::uint64_t message_size, Tag message_tag) {
-  const std::string message = std::to_string(seq);
-  if (side == Side::kSender) {
-    switch (verdict) {
-      case Verdict::kRefused:
-        return "isend: the peer's receive for message " + message + " failed; nothing was sent";
-      case Verdict::kTooLarge:
-        return "isend: message of " + std::to_string(message_size) +
-               " bytes is larger than the peer's posted buffer of " + std::to_string(buffer.size) +
-               " bytes (message " + message + ")";
-      case Verdict::kWrongTag:
-        return "isend: tag " + std::to_string(message_tag) +
-               " does not match the peer's buffer tag " + std::to_string(buffer.tag) +
-               " (message " + message + ")";
-      case Verdict::kFits:
-        break;
-    }
-    return {};
-  }
-  switch (verdict) {
-    case Verdict::kRefused:
-      return "irecv: message " + message + " refused";
-    case Verdict::kTooLarge:
-      return "irecv: message " + message + " of " + std::to_string(message_size) +
-             " bytes is larger than the posted buffer of " + std::to_string(buffer.size) + " bytes";
-    case Verdict::kWrongTag:
-      return "irecv: message " + message + " carries tag " + std::to_string(message_tag) +
-             ", the buffer expects " + std::to_string(buffer.tag);
-    case Verdict::kFits:
-      break;
-  }
-  return {};
-}
-
 // ---- receiver ----
 
 // Every buffer is announced, in irecv order: the sender writes into it, or judges by it the
@@ -76,25 +41,19 @@ void RecvCommImpl::announce(Request& r) {
       return;
     }
     CtsEntry& entry = batch_.entries[batch_.count++];
-    entry.seq = part.seq;
-    entry.size = part.size;
-    entry.tag = part.tag;
-    entry.refused = part.status != Status::kOk;
-    entry.group_index = static_cast<std::uint8_t>(i);
-    entry.group_size = r.part_count;
+    entry.announcement = Announcement{.seq = part.seq,
+                                      .size = part.size,
+                                      .tag = part.tag,
+                                      .refused = part.status != Status::kOk,
+                                      .group_index = static_cast<std::uint8_t>(i),
+                                      .group_size = r.part_count};
     entry.address = 0;
     if (part.registration != nullptr) {
       entry.address = part.registration->remote_address(part.data);
       std::uint64_t* keys = batch_.keys_of(batch_.count - 1);
       for (std::size_t k = 0; k < data_rails_; ++k) keys[k] = part.registration->key(k);
     }
-    claim_posted(part.seq).announced = Announced{.seq = part.seq,
-                                                 .tag = part.tag,
-                                                 .size = part.size,
-                                                 .refused = entry.refused,
-                                                 .valid = true,
-                                                 .group_index = entry.group_index,
-                                                 .group_size = entry.group_size};
+    claim_posted(part.seq).announced = Announced{.valid = true, .announcement = entry.announcement};
     part.to(RecvState::kAnnounced);
     batched_.push_back({&r, static_cast<std::uint8_t>(i)});
     defer();
@@ -136,7 +95,8 @@ void RecvCommImpl::send_control_batch() {
   const Status status =
       length == 0 ? refuse_batch("clear-to-send")
                   : send_control(MessageType::kClearToSend,
-                                 batch_.count != 0 ? batch_.entries[0].seq : 0, {body, length});
+                                 batch_.count != 0 ? batch_.entries[0].announcement.seq : 0,
+                                 {body, length});
   if (status == Status::kRetry) {
     defer();
     return;
@@ -215,20 +175,15 @@ void RecvCommImpl::repeat_clearances(std::uint32_t from) {
   // From the first buffer of its group: the sender matches no message of a group it does not
   // know whole.
   const Announced& oldest = posted_.slot(from).entry.announced;
-  if (oldest.valid && oldest.seq == from) from -= oldest.group_index;
+  if (oldest.valid && oldest.announcement.seq == from) from -= oldest.announcement.group_index;
   std::size_t repeated = 0;
   for (std::uint32_t seq = from; seq_before(seq, next_seq_) && seq - from < kSeqWindow; ++seq) {
     const Announced& a = posted_.slot(seq).entry.announced;
-    if (!a.valid || a.seq != seq) continue;
+    if (!a.valid || a.announcement.seq != seq) continue;
     if (batch_.count == batch_limit_) send_control_batch();
     if (batch_.count == batch_limit_) return;  // back-pressure: the next ping asks again
     CtsEntry& entry = batch_.entries[batch_.count++];
-    entry = CtsEntry{.seq = seq,
-                     .size = a.size,
-                     .tag = a.tag,
-                     .refused = a.refused,
-                     .group_index = a.group_index,
-                     .group_size = a.group_size};
+    entry = CtsEntry{.announcement = a.announcement};
     std::fill_n(batch_.keys_of(batch_.count - 1), data_rails_, 0);
     const PartRef& ref = part_ref(seq);
     if (ref.request != nullptr && ref.request->in_use() && ref.part < ref.request->part_count) {
@@ -267,38 +222,34 @@ void SendCommImpl::on_clear_to_send(std::span<const std::byte> body) {
     const CtsEntryView entry = cts.entry(i);
     // A message posted already claimed its number's entry; if that is gone, the message
     // finished and this is an announcement made again (repeat_clearances) for nothing.
-    Outgoing* outgoing =
-        seq_before(entry.seq, next_seq_) ? outgoing_.find(entry.seq) : &claim_outgoing(entry.seq);
+    const std::uint32_t seq = entry.announcement.seq;
+    Outgoing* outgoing = seq_before(seq, next_seq_) ? outgoing_.find(seq) : &claim_outgoing(seq);
     if (outgoing == nullptr) continue;
     Clearance& clearance = outgoing->clearance;
     // Announced again: what we know of it, and whether it is taken, stands.
-    if (clearance.announced && clearance.seq == entry.seq) continue;
-    clearance = Clearance{.announced = true,
-                          .group_index = entry.group_index,
-                          .group_size = entry.group_size,
-                          .seq = entry.seq,
-                          .buffer = {entry.size, entry.tag, entry.refused},
-                          .address = entry.address};
+    if (clearance.valid && clearance.announcement.seq == seq) continue;
+    clearance =
+        Clearance{.valid = true, .announcement = entry.announcement, .address = entry.address};
     // The keys of every rail our lane has (data_rails_ never exceeds it): the message can
     // arrive before our own handshake finished (data_rails_ still 0) when the receiver posts
     // right after accepting.
-    std::memcpy(outgoing_.extras(entry.seq), entry.keys,
+    std::memcpy(outgoing_.extras(seq), entry.keys,
                 8 * std::min(lane_->rails().data_rails(), cts.data_rails()));
   }
-  for (std::size_t i = 0; i < cts.count(); ++i) settle_group(cts.entry(i).seq);
+  for (std::size_t i = 0; i < cts.count(); ++i) settle_group(cts.entry(i).announcement.seq);
   // Matched messages no longer hold back later ones that may go ahead; new credits let them.
   send_ahead_waiting();
 }
 
 bool SendCommImpl::group_known(std::uint32_t seq) const noexcept {
   const Clearance& own = announcement(seq);
-  if (!own.announced || own.seq != seq) return false;
-  if (own.group_size == 1) [[likely]]
+  if (!own.valid || own.announcement.seq != seq) return false;
+  if (own.announcement.group_size == 1) [[likely]]
     return true;
-  const std::uint32_t first = seq - own.group_index;
-  for (std::uint32_t k = 0; k < own.group_size; ++k) {
+  const std::uint32_t first = seq - own.announcement.group_index;
+  for (std::uint32_t k = 0; k < own.announcement.group_size; ++k) {
     const Clearance& buffer = announcement(first + k);
-    if (!buffer.announced || buffer.seq != first + k) return false;
+    if (!buffer.valid || buffer.announcement.seq != first + k) return false;
   }
   return true;
 }
@@ -308,8 +259,8 @@ bool SendCommImpl::group_known(std::uint32_t seq) const noexcept {
 void SendCommImpl::settle_group(std::uint32_t seq) {
   if (!group_known(seq)) return;
   const Clearance& own = announcement(seq);
-  const std::uint32_t first = seq - own.group_index;
-  for (std::uint32_t message = first; message != first + own.group_size; ++message) {
+  const std::uint32_t first = seq - own.announcement.group_index;
+  for (std::uint32_t message = first; message != first + own.announcement.group_size; ++message) {
     if (!seq_before(message, next_seq_)) return;  // not posted yet
     Request* r = posted(message);
     if (r == nullptr || !r->in_use() || r->kind != RequestKind::kSend ||
@@ -332,23 +283,23 @@ void SendCommImpl::settle_group(std::uint32_t seq) {
 void SendCommImpl::place(Request& r) {
   Part& part = r.parts[0];
   Clearance& own = announcement(part.seq);
-  if (own.group_size == 1) [[likely]] {
+  if (own.announcement.group_size == 1) [[likely]] {
     own.taken = true;
     part.peer_seq = part.seq;
     return;
   }
-  const std::uint32_t first = part.seq - own.group_index;
+  const std::uint32_t first = part.seq - own.announcement.group_index;
   std::array<Tag, kMaxParts> tags{};
   GroupTaken taken = 0;
-  for (std::size_t k = 0; k < own.group_size; ++k) {
+  for (std::size_t k = 0; k < own.announcement.group_size; ++k) {
     const Clearance& buffer = announcement(first + k);
-    tags[k] = buffer.buffer.tag;
+    tags[k] = buffer.announcement.tag;
     if (buffer.taken) taken |= static_cast<GroupTaken>(1u << k);
   }
-  std::size_t k = place_in_group(tags.data(), own.group_size, taken, part.tag);
+  std::size_t k = place_in_group(tags.data(), own.announcement.group_size, taken, part.tag);
   // A group has a buffer for each of its messages, placed once each: one is always free.
-  assert(k < own.group_size);
-  if (k >= own.group_size) k = own.group_index;
+  assert(k < own.announcement.group_size);
+  if (k >= own.announcement.group_size) k = own.announcement.group_index;
   announcement(first + k).taken = true;
   part.peer_seq = first + static_cast<std::uint32_t>(k);
 }
@@ -371,10 +322,10 @@ bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {
 void SendCommImpl::match(Request& r) {
   Part& part = r.parts[0];
   const Clearance& clearance = announcement(part.peer_seq);
-  const Verdict verdict = judge(clearance.buffer, part.size, part.tag);
+  const Verdict verdict = judge(clearance.announcement, part.size, part.tag);
   if (verdict != Verdict::kFits) [[unlikely]] {
     r.fail(status_of(verdict),
-           explain(verdict, Side::kSender, part.seq, clearance.buffer, part.size, part.tag));
+           explain(verdict, Side::kSender, part.seq, clearance.announcement, part.size, part.tag));
     part.status = r.status;
     if (verdict == Verdict::kRefused) {
       part.to(SendState::kFailed);
@@ -396,7 +347,7 @@ void SendCommImpl::match(Request& r) {
   // A written message that fills its buffer says so in its writes' CQ data (an empty one needs
   // its ready-to-send: it has no write). Otherwise the receiver hears the size from a
   // ready-to-send.
-  const bool fills = part.size == clearance.buffer.size && part.size != 0;
+  const bool fills = part.size == clearance.announcement.size && part.size != 0;
   if (!fills) r.to(ReadyToSendState::kWanted);
   part.to(SendState::kWriting);
 }

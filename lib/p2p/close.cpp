@@ -184,16 +184,16 @@ CloseNotice SendCommImpl::close_notice(CloseReason reason) {
   std::uint32_t next = next_seq_;
   for (const auto& slot : outgoing_.slots()) {
     const Clearance& clearance = slot.entry.clearance;
-    const std::uint32_t ahead = clearance.seq - next_seq_;  // a group's later buffers
-    if (clearance.taken && ahead < kMaxParts && !seq_before(clearance.seq, next)) {
-      next = clearance.seq + 1;
+    const std::uint32_t ahead = clearance.announcement.seq - next_seq_;  // a group's later buffers
+    if (clearance.taken && ahead < kMaxParts && !seq_before(clearance.announcement.seq, next)) {
+      next = clearance.announcement.seq + 1;
     }
   }
   for (const auto& slot : outgoing_.slots()) {
     const Clearance& clearance = slot.entry.clearance;
-    if (clearance.announced && !clearance.taken && seq_before(clearance.seq, next) &&
-        next - clearance.seq <= kSeqWindow) {
-      unfinished.push_back(clearance.seq);
+    if (clearance.valid && !clearance.taken && seq_before(clearance.announcement.seq, next) &&
+        next - clearance.announcement.seq <= kSeqWindow) {
+      unfinished.push_back(clearance.announcement.seq);
     }
   }
   CloseNotice notice = notice_for(next, unfinished);

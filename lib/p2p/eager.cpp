@@ -168,7 +168,7 @@ void SendCommImpl::collect_clearance(Request& r) {
 void SendCommImpl::settle_sent_ahead(Request& r) {
   Part& part = r.parts[0];
   const Clearance& clearance = announcement(part.peer_seq);
-  const Verdict verdict = judge(clearance.buffer, part.size, part.tag);
+  const Verdict verdict = judge(clearance.announcement, part.size, part.tag);
   if (verdict == Verdict::kFits && r.status == Status::kOk) {
     part.delivered = part.size;
     part.to(r.ops_outstanding != 0 ? SendState::kEagerInFlight : SendState::kDone);
@@ -176,7 +176,7 @@ void SendCommImpl::settle_sent_ahead(Request& r) {
   }
   if (verdict != Verdict::kFits) {
     r.fail(status_of(verdict),
-           explain(verdict, Side::kSender, part.seq, clearance.buffer, part.size, part.tag));
+           explain(verdict, Side::kSender, part.seq, clearance.announcement, part.size, part.tag));
   }
   part.status = r.status;
   part.to(SendState::kFailed);
@@ -365,7 +365,8 @@ void RecvCommImpl::place_ahead(Request& r) {
 // buffer's announcement); only a message that fits is copied. The buffer goes back to the pool,
 // and the credit with it.
 void RecvCommImpl::deliver(Request& r, Part& part, const Held& held) {
-  const BufferFacts facts{part.size, part.tag, part.status != Status::kOk};
+  const Announcement facts{
+      .seq = part.seq, .size = part.size, .tag = part.tag, .refused = part.status != Status::kOk};
   const Tag tag = held.has_tag ? held.tag : ~part.tag;
   const Verdict verdict = judge(facts, held.length, tag);
   if (verdict == Verdict::kFits && held.length != 0) {

@@ -28,7 +28,7 @@ constexpr unsigned kCtsGroupSizeShift = 5;
 constexpr std::uint8_t kCtsGroupFieldMask = 7;
 static_assert(kMaxParts - 1 <= kCtsGroupFieldMask);
 
-constexpr std::uint8_t cts_flags(const CtsEntry& e) {
+constexpr std::uint8_t cts_flags(const Announcement& e) {
   return static_cast<std::uint8_t>(
       (e.refused ? kCtsRefused : 0) | (e.group_index << kCtsGroupIndexShift) |
       (static_cast<std::uint8_t>(e.group_size - 1) << kCtsGroupSizeShift));
@@ -303,7 +303,7 @@ std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
     return 0;
   }
   for (std::size_t i = 0; i < m.count; ++i) {
-    const CtsEntry& e = m.entries[i];
+    const Announcement& e = m.entries[i].announcement;
     if (e.group_size == 0 || e.group_size > kMaxParts || e.group_index >= e.group_size) return 0;
   }
   const std::size_t length = cts_bytes(m.count, m.data_rails);
@@ -314,12 +314,12 @@ std::size_t encode_cts(const ClearToSend& m, std::span<std::byte> out) {
   at = put_field<std::uint16_t>(at, m.credits);
   at = put_field<std::uint32_t>(at, m.eager_size);
   for (std::size_t i = 0; i < m.count; ++i) {
-    const CtsEntry& e = m.entries[i];
+    const Announcement& e = m.entries[i].announcement;
     at = put_field<std::uint32_t>(at, e.seq);
     at = put_field<std::uint64_t>(at, e.size);
     at = put_field<std::uint32_t>(at, e.tag);
     at = put_field<std::uint8_t>(at, cts_flags(e));
-    at = put_field<std::uint64_t>(at, e.address);
+    at = put_field<std::uint64_t>(at, m.entries[i].address);
     std::memcpy(at, m.keys.data() + i * m.data_rails, 8 * m.data_rails);
     at += 8 * m.data_rails;
   }
@@ -360,13 +360,14 @@ CtsEntryView CtsReader::entry(std::size_t i) const noexcept {
   const std::size_t stride = cts_bytes(1, rails_) - kCtsHeaderBytes;
   const std::byte* at = body_.data() + kCtsHeaderBytes + i * stride;
   CtsEntryView view;
-  view.seq = get_field<std::uint32_t>(at);
-  view.size = get_field<std::uint64_t>(at + 4);
-  view.tag = get_field<std::uint32_t>(at + 12);
+  Announcement& a = view.announcement;
+  a.seq = get_field<std::uint32_t>(at);
+  a.size = get_field<std::uint64_t>(at + 4);
+  a.tag = get_field<std::uint32_t>(at + 12);
   const auto flags = get_field<std::uint8_t>(at + kCtsFlagOffset);
-  view.refused = (flags & kCtsRefused) != 0;
-  view.group_index = static_cast<std::uint8_t>((flags >> kCtsGroupIndexShift) & kCtsGroupFieldMask);
-  view.group_size =
+  a.refused = (flags & kCtsRefused) != 0;
+  a.group_index = static_cast<std::uint8_t>((flags >> kCtsGroupIndexShift) & kCtsGroupFieldMask);
+  a.group_size =
       static_cast<std::uint8_t>(((flags >> kCtsGroupSizeShift) & kCtsGroupFieldMask) + 1u);
   view.address = get_field<std::uint64_t>(at + kCtsFlagOffset + 1);
   view.keys = at + kCtsEntryFixedBytes;
@@ -383,14 +384,7 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out) {
   out.keys.resize(reader.count() * reader.data_rails());
   for (std::size_t i = 0; i < reader.count(); ++i) {
     const CtsEntryView view = reader.entry(i);
-    CtsEntry& e = out.entries[i];
-    e.seq = view.seq;
-    e.size = view.size;
-    e.tag = view.tag;
-    e.refused = view.refused;
-    e.group_index = view.group_index;
-    e.group_size = view.group_size;
-    e.address = view.address;
+    out.entries[i] = CtsEntry{.announcement = view.announcement, .address = view.address};
     std::memcpy(out.keys_of(i), view.keys, 8 * reader.data_rails());
   }
   return nullptr;

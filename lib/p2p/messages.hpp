@@ -106,11 +106,11 @@ const char* to_string(RejectReason reason);
 // message at the next progress of its lane (or when a batch fills).
 inline constexpr std::size_t kMaxBatch = 64;  // a fabtests-sized window in one message
 
-// Every receive buffer is announced once, whatever its size: the sender judges its message
-// against it (verdict.hpp) before writing, or, for a message it sent ahead on a credit, to
-// learn the outcome the receiver reached. The batch also grants credits: eager buffers the
-// receiver (re)posted since its last batch, each taking one message of up to `eager_size`.
-struct CtsEntry {
+// What the receiver says of one posted buffer in a clear-to-send. The one struct for that fact
+// on both ends: the receiver keeps what it announced, the wire carries it, and the sender judges
+// its message against it (verdict.hpp) before writing, or, for a message it sent ahead on a
+// credit, to learn the outcome the receiver reached.
+struct Announcement {
   std::uint32_t seq = 0;
   std::uint64_t size = 0;  // the posted buffer's size
   std::uint32_t tag = 0;
@@ -120,6 +120,13 @@ struct CtsEntry {
   // The buffer is buffer group_index of an irecv of group_size (p2p/group.hpp).
   std::uint8_t group_index = 0;
   std::uint8_t group_size = 1;
+};
+
+// Every receive buffer is announced once, whatever its size, with where a rendezvous write
+// goes. The batch also grants credits: eager buffers the receiver (re)posted since its last
+// batch, each taking one message of up to `eager_size`.
+struct CtsEntry {
+  Announcement announcement;
   std::uint64_t address = 0;  // for rendezvous writes, per MemoryRegistration::remote_address
 };
 struct ClearToSend {
@@ -155,12 +162,7 @@ const char* decode_cts(std::span<const std::byte> in, ClearToSend& out);
 // The data path reads a clear-to-send entry by entry, straight from the received bytes,
 // instead of filling a ClearToSend.
 struct CtsEntryView {
-  std::uint32_t seq = 0;
-  std::uint64_t size = 0;
-  std::uint32_t tag = 0;
-  bool refused = false;
-  std::uint8_t group_index = 0;
-  std::uint8_t group_size = 1;
+  Announcement announcement;
   std::uint64_t address = 0;
   const std::byte* keys = nullptr;  // data_rails() little-endian u64 values
 };

@@ -31,7 +31,7 @@ RecvCommImpl::Posted& RecvCommImpl::claim_posted(std::uint32_t seq) {
       return true;
     }
     const Announced& a = slot.entry.announced;
-    return a.valid && a.refused && next_seq_ - slot.seq <= kSeqWindow;
+    return a.valid && a.announcement.refused && next_seq_ - slot.seq <= kSeqWindow;
   });
 }
 

@@ -37,14 +37,10 @@ class RecvCommImpl final : public Comm {
 
   // What each buffer's announcement said, kept for repeat_clearances: the
   // buffer's request may be finished and reused by then.
+  // What this side announced for the buffer posted with one sequence number, once it did.
   struct Announced {
-    std::uint32_t seq = 0;
-    std::uint32_t tag = 0;
-    std::uint64_t size = 0;
-    bool refused = false;
     bool valid = false;
-    std::uint8_t group_index = 0;
-    std::uint8_t group_size = 1;
+    Announcement announcement;
   };
   // By sequence number: the receive part posted with it, and its announcement.
   struct Posted {

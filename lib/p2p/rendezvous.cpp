@@ -221,7 +221,7 @@ void RecvCommImpl::apply_ready_to_send(Request& r, std::size_t i, const RtsEntry
     r.fail(Status::kError, "irecv: stripe counts disagree for message " + std::to_string(rts.seq));
   }
   part.writes_expected = rts.stripes;
-  const BufferFacts buffer{part.size, part.tag, false};
+  const Announcement buffer{.seq = part.seq, .size = part.size, .tag = part.tag};
   const Verdict verdict = judge(buffer, rts.size, rts.tag);
   if (verdict != Verdict::kFits) {
     part.status = status_of(verdict);

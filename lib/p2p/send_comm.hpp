@@ -26,14 +26,12 @@ class SendCommImpl final : public Comm {
   void on_remote_write(mux::WriteImmediate immediate) override;
 
  private:
-  // What the receiver announced about the buffer posted for one sequence number.
+  // What the receiver announced about the buffer posted for one sequence number (its
+  // clear-to-send entry), once it came.
   struct Clearance {
-    bool announced = false;
+    bool valid = false;
     bool taken = false;  // a message was placed into the buffer (p2p/group.hpp)
-    std::uint8_t group_index = 0;
-    std::uint8_t group_size = 1;
-    std::uint32_t seq = 0;
-    BufferFacts buffer;
+    Announcement announcement;
     std::uint64_t address = 0;
   };
 

@@ -9,6 +9,7 @@
 
 #include "loom/error.hpp"
 #include "loom/p2p.hpp"
+#include "p2p/messages.hpp"
 
 namespace loom::p2p {
 
@@ -19,13 +20,7 @@ enum class Verdict : std::uint8_t {
   kWrongTag,
 };
 
-struct BufferFacts {
-  std::uint64_t size = 0;
-  Tag tag = 0;
-  bool refused = false;
-};
-
-constexpr Verdict judge(const BufferFacts& buffer, std::uint64_t message_size, Tag message_tag) {
+constexpr Verdict judge(const Announcement& buffer, std::uint64_t message_size, Tag message_tag) {
   if (buffer.refused) return Verdict::kRefused;
   if (message_size > buffer.size) return Verdict::kTooLarge;
   if (message_tag != buffer.tag) return Verdict::kWrongTag;
@@ -50,12 +45,12 @@ enum class Side : std::uint8_t { kSender, kReceiver };
 
 // The error text of a refusal, as `side` words it.
 [[gnu::cold]] std::string explain(Verdict verdict, Side side, std::uint32_t seq,
-                                  const BufferFacts& buffer, std::uint64_t message_size,
+                                  const Announcement& buffer, std::uint64_t message_size,
                                   Tag message_tag);
 
-static_assert(judge({100, 7, false}, 100, 7) == Verdict::kFits);
-static_assert(judge({100, 7, false}, 101, 7) == Verdict::kTooLarge);
-static_assert(judge({100, 7, false}, 10, 8) == Verdict::kWrongTag);
-static_assert(judge({100, 7, true}, 10, 7) == Verdict::kRefused);
+static_assert(judge({.size = 100, .tag = 7}, 100, 7) == Verdict::kFits);
+static_assert(judge({.size = 100, .tag = 7}, 101, 7) == Verdict::kTooLarge);
+static_assert(judge({.size = 100, .tag = 7}, 10, 8) == Verdict::kWrongTag);
+static_assert(judge({.size = 100, .tag = 7, .refused = true}, 10, 7) == Verdict::kRefused);
 
 }  // namespace loom::p2p

@@ -11,9 +11,11 @@ namespace {
 using namespace loom::p2p;
 using loom::fuzz::ByteSource;
 
-bool same_entry(const CtsEntry& a, const CtsEntry& b) {
+bool same_entry(const CtsEntry& x, const CtsEntry& y) {
+  const Announcement& a = x.announcement;
+  const Announcement& b = y.announcement;
   return a.seq == b.seq && a.size == b.size && a.tag == b.tag && a.refused == b.refused &&
-         a.group_index == b.group_index && a.group_size == b.group_size && a.address == b.address;
+         a.group_index == b.group_index && a.group_size == b.group_size && x.address == y.address;
 }
 
 // Only the first `count` entries and `data_rails` keys are on the wire.
@@ -35,7 +37,9 @@ bool cts_fits(const ClearToSend& m) {
                     (m.count >= 1 || m.credits >= 1) && m.count <= max_cts_entries(m.data_rails) &&
                     (m.credits == 0 || m.eager_size != 0) && m.eager_size <= kMaxEagerBuffer &&
                     m.keys.size() >= std::size_t{m.count} * m.data_rails;
-  return fits && std::all_of(m.entries.begin(), m.entries.begin() + m.count, [](const CtsEntry& e) {
+  return fits &&
+         std::all_of(m.entries.begin(), m.entries.begin() + m.count, [](const CtsEntry& entry) {
+           const Announcement& e = entry.announcement;
            return e.group_size >= 1 && e.group_size <= kMaxParts && e.group_index < e.group_size;
          });
 }
@@ -71,7 +75,7 @@ ClearToSend make_cts(ByteSource& s) {
   m.credits = s.take<std::uint16_t>();
   m.eager_size = s.take<std::uint32_t>();
   for (std::size_t i = 0; i < std::min<std::size_t>(m.count, kMaxBatch); ++i) {
-    CtsEntry& e = m.entries[i];
+    Announcement& e = m.entries[i].announcement;
     e.seq = s.take<std::uint32_t>();
     e.size = s.take<std::uint64_t>();
     e.tag = s.take<std::uint32_t>();
@@ -79,7 +83,7 @@ ClearToSend make_cts(ByteSource& s) {
     e.refused = (flags & 2) != 0;
     e.group_index = static_cast<std::uint8_t>((flags >> 2) & 7);
     e.group_size = static_cast<std::uint8_t>(s.u8() % (kMaxParts + 2));
-    e.address = s.take<std::uint64_t>();
+    m.entries[i].address = s.take<std::uint64_t>();
     for (std::size_t k = 0; k < std::min<std::size_t>(m.data_rails, kMaxDataRails); ++k) {
       m.keys.push_back(s.take<std::uint64_t>());
     }

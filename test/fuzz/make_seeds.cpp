@@ -71,12 +71,12 @@ ClearToSend cts(std::uint8_t count, std::uint8_t rails) {
   for (std::uint8_t i = 0; i < count; ++i) {
     // Up to kMaxParts entries: one grouped receive; more: receives of one buffer each.
     const bool grouped = count <= kMaxParts;
-    m.entries[i] = {.seq = 100u + i,
-                    .size = 1u << 20,
-                    .tag = 9u + i % 2,
-                    .refused = i % 3 == 2,
-                    .group_index = grouped ? i : std::uint8_t{0},
-                    .group_size = grouped ? count : std::uint8_t{1},
+    m.entries[i] = {.announcement = {.seq = 100u + i,
+                                     .size = 1u << 20,
+                                     .tag = 9u + i % 2,
+                                     .refused = i % 3 == 2,
+                                     .group_index = grouped ? i : std::uint8_t{0},
+                                     .group_size = grouped ? count : std::uint8_t{1}},
                     .address = 0x10000};
     for (std::uint8_t k = 0; k < rails; ++k) m.keys.push_back(0xabc0u + k);
   }
