@@ -44,7 +44,7 @@ check_allowed_ofi() {  # dir, allowed header names...
     [ $ok -eq 1 ] || violation "${hit%%:#*} includes ofi/$header.hpp (not on $dir's list)"
   done < <(grep -rnE '#include "ofi/' "$dir" --include='*.cpp' --include='*.hpp' | cut -d: -f1,2,3)
 }
-check_allowed_ofi lib/mux completion memory_registration nic rail rail_set
+check_allowed_ofi lib/mux completion memory_registration nic rail rail_set registration_table
 check_allowed_ofi lib/p2p completion memory_registration nic rail rail_set selection subnet
 
 # Includes name their layer from lib/ (or include/), never a path relative to the file.

@@ -79,8 +79,9 @@ struct Handle {
   static Handle from_bytes(std::span<const std::byte> data);
 };
 
-// A registration made on a communicator, and usable on that one only. Cheap to copy; names
-// nothing once deregistered (a post with it returns kInvalid).
+// A registration made on a communicator (usable on that one only) or on a context (usable on
+// every communicator of it: Context::register_memory). Cheap to copy; names nothing once
+// deregistered (a post with it returns kInvalid).
 class MemoryRegion {
  public:
   MemoryRegion() = default;
@@ -89,7 +90,8 @@ class MemoryRegion {
 
  private:
   friend class p2p::Comm;
-  std::uint64_t comm_ = 0;  // the communicator's serial number in its process
+  friend class p2p::ContextCore;
+  std::uint64_t owner_ = 0;  // the communicator's serial number in its process, or the context's id
   std::uint32_t slot_ = 0;
   std::uint32_t generation_ = 0;
 };
@@ -292,6 +294,9 @@ struct LaneDescription {
   std::size_t registered_bytes = 0;
   std::uint64_t registrations_shared = 0;
   std::uint64_t registrations_made = 0;
+  // The context's regions (Context::register_memory) registered on this lane: those its
+  // communicators used.
+  std::size_t context_regions = 0;
   // Control messages for this lane's communicators that rode inside a data message to another
   // of this process's lanes (LOOM_CARRY_CONTROL) instead of arriving on its control rails.
   std::uint64_t carried_control = 0;
@@ -319,6 +324,21 @@ class Context {
 
   Listener listen();
   Connector connect(const Handle& handle);
+
+  // Registers memory once for every communicator of this context, those open now and those
+  // made later: the region is taken wherever a MemoryRegion is (isend, RecvBuffer, iflush) on
+  // any of them. A lane registers it on its rails when one of its communicators first uses it
+  // (under FI_MR_ENDPOINT bound to that lane's endpoints), so the region costs provider
+  // registrations only where it is used; that first post returns kInvalid, last_error() quoting
+  // the provider, if the provider refuses the registration. Throws loom::Error for an empty range,
+  // or device memory no NIC of the context takes. The memory must stay allocated until the region
+  // is deregistered and the requests using it ended (see Communicator::register_memory).
+  MemoryRegion register_memory(const void* data, std::size_t size,
+                               MemoryType type = MemoryType::kHost, int device = 0);
+  // Releases a region of this context: the handle names nothing at once, and each lane lets go
+  // of its registration when the last request that uses it there ended. Regions of another
+  // context or communicator, and ones already deregistered, are ignored.
+  void deregister(MemoryRegion region);
 
   [[nodiscard]] const Config& config() const noexcept;
   [[nodiscard]] std::vector<NicDescription> nics() const;

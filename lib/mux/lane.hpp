@@ -22,6 +22,7 @@
 #include "mux/control_channel.hpp"
 #include "mux/eager_pool.hpp"
 #include "mux/routing.hpp"
+#include "mux/shared_regions.hpp"
 #include "ofi/rail_set.hpp"
 #include "util/spin_lock.hpp"
 
@@ -106,6 +107,8 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
   [[nodiscard]] ofi::RailSet& rails() noexcept { return *rails_; }
   [[nodiscard]] ControlChannel& control() noexcept { return *control_; }
+  // The context's regions as this lane holds them (mux/shared_regions.hpp).
+  [[nodiscard]] SharedRegions& shared_regions() noexcept { return *shared_regions_; }
   // Held by a communicator for every call it makes; completions are dispatched under it.
   [[nodiscard]] util::SpinLock& lock() noexcept { return mutex_; }
 
@@ -218,6 +221,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   // rails (endpoints), then communicators retired with operations outstanding.
   std::vector<std::unique_ptr<CommPort>> retired_;
   std::unique_ptr<ofi::RailSet> rails_;
+  std::unique_ptr<SharedRegions> shared_regions_;  // entries of rails_'s registration table
   std::unique_ptr<ControlChannel> control_;
   std::unique_ptr<EagerPool> eager_;
   std::vector<CommId> waiting_for_credits_;

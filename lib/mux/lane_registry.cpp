@@ -222,6 +222,16 @@ void LaneRegistry::post_carried(std::uint64_t lane, std::span<const std::byte> m
   }
 }
 
+void LaneRegistry::drop_shared_region(std::uint32_t slot, std::uint32_t generation) {
+  std::lock_guard lock(mutex_);
+  auto drop = [&](Lane& lane) {
+    std::lock_guard lane_lock(lane.lock());
+    lane.shared_regions().drop(slot, generation);
+  };
+  for (auto& [key, entry] : lanes_) drop(*entry.lane);
+  for (Closing& closing : closing_) drop(*closing.lane);
+}
+
 RegistryStats LaneRegistry::stats() const {
   std::lock_guard lock(mutex_);
   RegistryStats stats;
@@ -238,6 +248,7 @@ RegistryStats LaneRegistry::stats() const {
                         .carried_control = lane.stats().carried_control,
                         .endpoints = lane.rails().rails().size(),
                         .registration_table = lane.rails().registration_table().stats(),
+                        .shared_regions = lane.shared_regions().held(),
                         .rails = {}};
     for (ofi::Rail* rail : lane.rails().rails()) {
       ++stats.endpoints_per_nic[rail->nic().attributes().domain];

@@ -53,6 +53,7 @@ struct LaneSummary {
   std::uint64_t carried_control;  // control messages that came through its inbox
   std::size_t endpoints;          // rails
   ofi::RegistrationTableStats registration_table;
+  std::size_t shared_regions;  // the context's regions registered on this lane
   std::vector<RailSummary> rails;
 };
 
@@ -81,6 +82,10 @@ class LaneRegistry {
   // A communicator to `peer` is gone from `lane` for good; the last one out closes it, at once
   // when it is quiescent, else in the background (see above).
   void leave(Lane& lane, std::uint64_t peer);
+
+  // The context deregistered its region {slot, generation}: every lane, closing ones included,
+  // lets go of its registration (at once, or with the last request part that uses it).
+  void drop_shared_region(std::uint32_t slot, std::uint32_t generation);
 
   // Progresses one lane other than `busy`, round robin, if neither the registry nor that lane
   // is held by another thread. With manual progress a peer's request can depend on any of our

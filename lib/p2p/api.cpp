@@ -154,6 +154,15 @@ Connector Context::connect(const Handle& handle) {
   return Connector(std::make_shared<p2p::ConnectorState>(core_, handle));
 }
 
+MemoryRegion Context::register_memory(const void* data, std::size_t size, MemoryType type,
+                                      int device) {
+  return core_->register_region(data, size, type, device);
+}
+
+void Context::deregister(MemoryRegion region) {
+  core_->deregister_region(region);
+}
+
 const Config& Context::config() const noexcept {
   return core_->config();
 }
@@ -196,6 +205,7 @@ ContextStats Context::stats() const {
                                 .registered_bytes = lane.registration_table.bytes,
                                 .registrations_shared = lane.registration_table.hits,
                                 .registrations_made = lane.registration_table.misses,
+                                .context_regions = lane.shared_regions,
                                 .carried_control = lane.carried_control,
                                 .rails = {}};
     for (const auto& rail : lane.rails) {

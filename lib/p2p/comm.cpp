@@ -56,6 +56,8 @@ Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::ui
       direction_(direction),
       peer_context_(peer),
       serial_(core.next_comm_serial()),
+      context_id_(core.id()),
+      regions_(&core.regions()),
       // Both directions use it: no eager send, and no eager receive, past it.
       paced_above_(
           settings_.peer_isolation ? lane.rails().data(0).nic().attributes().peer_paced_above : 0),
@@ -172,7 +174,7 @@ MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryTyp
   // Generations start at 1 and never repeat for a slot: a stale region cannot pass lookup().
   entry.generation = entry.generation + 1;
   MemoryRegion region;
-  region.comm_ = serial_;
+  region.owner_ = serial_;
   region.slot_ = slot;
   region.generation_ = entry.generation;
   return region;
@@ -183,7 +185,7 @@ MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryTyp
 // comes). The handle is invalid from now on either way.
 void Comm::deregister(MemoryRegion region) {
   std::lock_guard lock(lane_->lock());
-  if (region.comm_ != serial_ || region.slot_ >= registrations_.size()) return;
+  if (region.owner_ != serial_ || region.slot_ >= registrations_.size()) return;
   Registration& entry = registrations_[region.slot_];
   if (entry.registration == nullptr || entry.deregistered ||
       entry.generation != region.generation_) {
@@ -210,6 +212,15 @@ void Comm::release_slot(std::uint32_t slot) {
 }
 
 void Comm::hold_region(Part& part, const MemoryRegion& region) noexcept {
+  if (region.owner_ == context_id_) {
+    // lookup() just made the lane's entry: found again, not registered again.
+    mux::SharedRegions& shared = lane_->shared_regions();
+    const std::uint32_t entry =
+        shared.acquire(region.slot_, region.generation_, nullptr, 0, MemoryType::kHost, 0);
+    shared.hold(entry);
+    part.region = entry | kSharedRegion;
+    return;
+  }
   part.region = region.slot_;
   ++registrations_[region.slot_].users;
 }
@@ -218,20 +229,54 @@ void Comm::release_regions(Request& request) noexcept {
   for (std::size_t i = 0; i < request.part_count; ++i) {
     const Part& part = request.parts[i];
     if (part.registration == nullptr) continue;
+    if ((part.region & kSharedRegion) != 0) {
+      lane_->shared_regions().let_go(part.region & ~kSharedRegion);
+      continue;
+    }
     Registration& entry = registrations_[part.region];
     if (--entry.users == 0 && entry.deregistered) release_slot(part.region);
   }
 }
 
+// A region of the context: the lane's registration of it, made now if this is the lane's first
+// use.
+const ofi::MemoryRegistration* Comm::lookup_shared(const MemoryRegion& region, const void* data,
+                                                   std::size_t size) {
+  const auto found = regions_->find({region.slot_, region.generation_});
+  if (!found) [[unlikely]] {
+    reject(Status::kInvalid, "the context's memory region is deregistered");
+    return nullptr;
+  }
+  auto p = static_cast<const std::byte*>(data);
+  if (p < found->base || size > found->size ||
+      static_cast<std::size_t>(p - found->base) > found->size - size) [[unlikely]] {
+    reject(Status::kInvalid, "buffer of " + std::to_string(size) +
+                                 " bytes lies outside its registered region of " +
+                                 std::to_string(found->size) + " bytes");
+    return nullptr;
+  }
+  try {
+    mux::SharedRegions& shared = lane_->shared_regions();
+    return &shared.registration(shared.acquire(region.slot_, region.generation_, found->base,
+                                               found->size, found->type, found->device));
+  } catch (const Error& e) {
+    reject(Status::kInvalid, std::string("the context's memory region could not be registered "
+                                         "on this communicator's lane: ") +
+                                 e.what());
+    return nullptr;
+  }
+}
+
 const ofi::MemoryRegistration* Comm::lookup(const MemoryRegion& region, const void* data,
                                             std::size_t size) {
-  if (region.comm_ != serial_ || region.slot_ >= registrations_.size() ||
+  if (region.owner_ == context_id_) return lookup_shared(region, data, size);
+  if (region.owner_ != serial_ || region.slot_ >= registrations_.size() ||
       registrations_[region.slot_].registration == nullptr ||
       registrations_[region.slot_].generation != region.generation_) [[unlikely]] {
-    reject(Status::kInvalid, !region.valid()           ? "an empty memory region"
-                             : region.comm_ != serial_ ? "the memory region was registered on "
-                                                         "another communicator"
-                                                       : "the memory region is deregistered");
+    reject(Status::kInvalid, !region.valid()            ? "an empty memory region"
+                             : region.owner_ != serial_ ? "the memory region was registered on "
+                                                          "another communicator or context"
+                                                        : "the memory region is deregistered");
     return nullptr;
   }
   const Registration& entry = registrations_[region.slot_];

@@ -19,6 +19,7 @@
 #include "loom/p2p.hpp"
 #include "mux/lane.hpp"
 #include "mux/lane_registry.hpp"
+#include "p2p/context_regions.hpp"
 #include "p2p/messages.hpp"
 #include "p2p/request.hpp"
 
@@ -131,6 +132,10 @@ class Comm : public mux::CommPort {
   // The registration behind `region` covering [data, data + size), or nullptr (last_error_ set).
   const ofi::MemoryRegistration* lookup(const MemoryRegion& region, const void* data,
                                         std::size_t size);
+  const ofi::MemoryRegistration* lookup_shared(const MemoryRegion& region, const void* data,
+                                               std::size_t size);
+  // Part::region of a part that holds a region of the context: the lane's entry, this bit set.
+  static constexpr std::uint32_t kSharedRegion = 1u << 31;
   // `part` uses `region` (lookup() accepted it): the registration stays until the part's
   // request is retired (release_regions), whatever deregister() does meanwhile.
   void hold_region(Part& part, const MemoryRegion& region) noexcept;
@@ -242,8 +247,11 @@ class Comm : public mux::CommPort {
   mux::Lane* lane_;
   mux::Direction direction_;
   std::uint64_t peer_context_;
-  // Unique in the process: what the user's request and region handles must carry.
+  // Unique in the process: what the user's request and region handles must carry. A region
+  // that carries the context's id instead is one of the context's (regions_).
   std::uint64_t serial_;
+  std::uint64_t context_id_;
+  ContextRegions* regions_;
   mux::CommId id_ = 0;
   mux::CommId peer_id_ = 0;
   std::uint64_t peer_lane_ = 0;  // the peer communicator's lane, in its context

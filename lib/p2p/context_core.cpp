@@ -24,7 +24,7 @@ ContextCore::ContextCore(const Config& config) : config_(config), rng_(random_se
   config_.validate();
   util::set_log_level(config_.log_level);
   id_ = rng_() | 1;  // never 0
-  comm_serials_ = id_;
+  comm_serials_ = id_ + 1;
   nics_ = ofi::open_nics(config_);
   for (auto& nic : nics_) nic_pointers_.push_back(nic.get());
   if (nics_.size() > 1 && config_.nics.empty()) order_nics_by_locality();
@@ -68,6 +68,37 @@ void ContextCore::order_nics_by_locality() {
   }
   nic_pointers_ = std::move(ordered);
   util::log().info("{}", topo::describe(ranking));
+}
+
+MemoryRegion ContextCore::register_region(const void* data, std::size_t size, MemoryType type,
+                                          int device) {
+  if (data == nullptr || size == 0) {
+    throw Error("register memory", provider(), 0,
+                "an empty range (" + std::to_string(size) + " bytes at " +
+                    (data == nullptr ? "null" : "an address") + ")");
+  }
+  if (type != MemoryType::kHost) {
+    const bool taken = std::any_of(nic_pointers_.begin(), nic_pointers_.end(),
+                                   [](ofi::Nic* nic) { return nic->attributes().device_memory; });
+    if (!taken) {
+      throw Error("register memory", provider(), 0,
+                  "no NIC of this context takes device memory: " +
+                      nic_pointers_.front()->attributes().device_memory_note);
+    }
+  }
+  const ContextRegions::Name name = regions_.add(
+      {.base = static_cast<const std::byte*>(data), .size = size, .type = type, .device = device});
+  MemoryRegion region;
+  region.owner_ = id_;
+  region.slot_ = name.slot;
+  region.generation_ = name.generation;
+  return region;
+}
+
+void ContextCore::deregister_region(const MemoryRegion& region) {
+  if (region.owner_ != id_) return;
+  if (!regions_.remove({region.slot_, region.generation_})) return;
+  lanes_->drop_shared_region(region.slot_, region.generation_);
 }
 
 const std::string& ContextCore::provider() const noexcept {

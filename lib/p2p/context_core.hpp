@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "loom/config.hpp"
+#include "loom/p2p.hpp"
 #include "mux/lane_registry.hpp"
 #include "ofi/nic.hpp"
 #include "p2p/bootstrap.hpp"
+#include "p2p/context_regions.hpp"
 
 namespace loom::p2p {
 
@@ -35,11 +37,16 @@ class ContextCore final {
   [[nodiscard]] const std::vector<std::string>& localities() const noexcept { return localities_; }
   [[nodiscard]] const std::string& provider() const noexcept;
   [[nodiscard]] Bootstrap& bootstrap() noexcept { return *bootstrap_; }
+  [[nodiscard]] ContextRegions& regions() noexcept { return regions_; }
+  // loom::Context::register_memory and deregister.
+  MemoryRegion register_region(const void* data, std::size_t size, MemoryType type, int device);
+  void deregister_region(const MemoryRegion& region);
   // Listeners draw their nonces here, with the bootstrap mutex held (which guards the
   // generator).
   std::uint64_t random() { return rng_(); }
   // A number no other communicator of this process gets: serials count up from the context's
-  // random id, so those of two contexts collide only if their ids fall within a count apart.
+  // random id (which names the context's own regions), so those of two contexts collide only
+  // if their ids fall within a count apart.
   std::uint64_t next_comm_serial() noexcept {
     return comm_serials_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -50,6 +57,7 @@ class ContextCore final {
   Config config_;
   std::uint64_t id_;
   std::atomic<std::uint64_t> comm_serials_;
+  ContextRegions regions_;
   std::mt19937_64 rng_;
   // Declaration order is teardown order, reversed: the bootstrap endpoint, lanes, then the
   // NICs they all live on.

@@ -1,0 +1,80 @@
+// Regions registered once for every communicator of a context (loom::Context::register_memory),
+// as one lane holds them. A lane registers such a region on its rails the first time one of its
+// communicators uses it (under FI_MR_ENDPOINT bound to this lane's endpoints), so a region costs
+// provider registrations only on the lanes that use it, lanes opened after it included. The
+// registration stays while the region lives; once the context deregistered the region it goes
+// with the last request part on the lane that still uses it (the provider may read or write
+// through it until then). Entries are keyed by the context's {slot, generation}: a slot the
+// context reuses names a new entry while the old one drains. Everything runs under the lane lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "loom/memory.hpp"
+#include "ofi/registration_table.hpp"
+
+namespace loom::mux {
+
+class SharedRegions {
+ public:
+  explicit SharedRegions(ofi::RegistrationTable& table) noexcept : table_(&table) {}
+
+  // The entry of region {slot, generation} over [base, base + size), registered on the lane's
+  // rails now if the lane has none. Throws loom::Error (the provider refused the registration).
+  std::uint32_t acquire(std::uint32_t slot, std::uint32_t generation, const void* base,
+                        std::size_t size, MemoryType type, int device) {
+    for (std::uint32_t i = 0; i < entries_.size(); ++i) {
+      const Entry& e = entries_[i];
+      if (e.registration != nullptr && e.slot == slot && e.generation == generation) return i;
+    }
+    ofi::MemoryRegistration& registration = table_->acquire(base, size, type, device);
+    std::uint32_t i = 0;
+    while (i < entries_.size() && entries_[i].registration != nullptr) ++i;
+    if (i == entries_.size()) entries_.emplace_back();
+    entries_[i] = Entry{.registration = &registration, .slot = slot, .generation = generation};
+    return i;
+  }
+  [[nodiscard]] const ofi::MemoryRegistration& registration(std::uint32_t entry) const noexcept {
+    return *entries_[entry].registration;
+  }
+  // A request part uses the entry until it is retired (let_go).
+  void hold(std::uint32_t entry) noexcept { ++entries_[entry].users; }
+  void let_go(std::uint32_t entry) noexcept {
+    Entry& e = entries_[entry];
+    if (--e.users == 0 && e.dropped) release(e);
+  }
+  // The context deregistered region {slot, generation}: released now, or by the last let_go.
+  void drop(std::uint32_t slot, std::uint32_t generation) noexcept {
+    for (Entry& e : entries_) {
+      if (e.registration == nullptr || e.slot != slot || e.generation != generation) continue;
+      e.dropped = true;
+      if (e.users == 0) release(e);
+    }
+  }
+  // Registrations this lane holds for the context's regions.
+  [[nodiscard]] std::size_t held() const noexcept {
+    std::size_t n = 0;
+    for (const Entry& e : entries_) n += e.registration != nullptr ? 1 : 0;
+    return n;
+  }
+
+ private:
+  struct Entry {
+    ofi::MemoryRegistration* registration = nullptr;  // nullptr: a free entry
+    std::uint32_t slot = 0;
+    std::uint32_t generation = 0;
+    std::uint32_t users = 0;
+    bool dropped = false;
+  };
+  void release(Entry& e) noexcept {
+    table_->release(*e.registration);
+    e = Entry{};
+  }
+
+  ofi::RegistrationTable* table_;
+  std::vector<Entry> entries_;  // indices are stable: parts name their entry by index
+};
+
+}  // namespace loom::mux
