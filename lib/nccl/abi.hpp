@@ -1,6 +1,7 @@
-// NCCL's network plugin ABI (ncclNet v8 to v11, as NCCL 2.28 loads it), written from the
-// facts of NCCL's public plugin headers: the same field order and types, so the layouts are
-// what NCCL reads. Every struct's size and every field offset is pinned below (LP64).
+// NCCL's network plugin ABI (ncclNet v8 to v12: v8..v11 as NCCL 2.28 loads them, v12 as
+// NCCL 2.30 does), written from the facts of NCCL's public plugin headers
+// (src/include/plugin/net/net_v*.h): the same field order and types, so the layouts are what
+// NCCL reads. Every struct's size and every field offset is pinned below (LP64).
 //
 // Only lib/nccl (the plugin) and the plugin test tool include this header; nothing in loom's
 // library does.
@@ -46,8 +47,10 @@ inline constexpr int kPtrCuda = 0x2;
 inline constexpr int kPtrDmaBuf = 0x4;
 
 inline constexpr std::size_t kHandleMaxBytes = 128;  // NCCL_NET_HANDLE_MAXSIZE
-inline constexpr int kMaxDevsPerNic = 4;             // NCCL_NET_MAX_DEVS_PER_NIC
+inline constexpr int kMaxDevsPerNic = 4;             // NCCL_NET_MAX_DEVS_PER_NIC_V9..V11
+inline constexpr int kMaxDevsPerNicV12 = 8;          // NCCL_NET_MAX_DEVS_PER_NIC_V12
 inline constexpr int kTrafficClassUndef = -1;
+inline constexpr std::int16_t kNetIdUndef = -1;  // NCCL_NET_ID_UNDEF: no rail / plane known
 
 // ncclNetDeviceType
 enum DeviceType : int {
@@ -57,7 +60,7 @@ enum DeviceType : int {
   kDeviceGinGdaki = 3,
 };
 
-// ncclNetDeviceHandle_v7..v11_t (device offload; loom never offers one)
+// ncclNetDeviceHandle_v7..v12_t (device offload; loom never offers one)
 struct DeviceHandle {
   DeviceType netDeviceType;
   int netDeviceVersion;
@@ -72,7 +75,13 @@ struct VDeviceProps {
   int devs[kMaxDevsPerNic];
 };
 
-// ncclNetCommConfig_v10/v11_t
+// ncclNetVDeviceProps_v12_t: room for 8 devices
+struct VDevicePropsV12 {
+  int ndevs;
+  int devs[kMaxDevsPerNicV12];
+};
+
+// ncclNetCommConfig_v10..v12_t
 struct CommConfig {
   int trafficClass;
 };
@@ -135,7 +144,31 @@ struct PropertiesV11 {
   int maxMultiRequestSize;
 };
 
-// ncclNetCommAttr_v11_t, ncclNetAttr_v11_t
+// ncclNetProperties_v12_t: v11's fields with the wider vProps (so the byte limits move), then
+// the NIC's rail and plane (kNetIdUndef where the plugin does not know them).
+struct PropertiesV12 {
+  char* name;
+  char* pciPath;
+  std::uint64_t guid;
+  int ptrSupport;
+  int regIsGlobal;
+  int forceFlush;
+  int speed;
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  DeviceType netDeviceType;
+  int netDeviceVersion;
+  VDevicePropsV12 vProps;
+  std::size_t maxP2pBytes;
+  std::size_t maxCollBytes;
+  int maxMultiRequestSize;
+  std::int16_t railId;
+  std::int16_t planeId;
+};
+
+// ncclNetCommAttr_v11/v12_t, ncclNetAttr_v11/v12_t (the same layout in both)
 struct CommAttr {
   std::int32_t maxConcurrentPeers;
   std::int32_t minConcurrentPeers;
@@ -237,12 +270,18 @@ struct NetV10 {
 
 // v11: init is per NCCL communicator (returns a context, takes the comm id and CommConfig);
 // listen/connect take that context; finalize and setNetAttr appended.
-struct NetV11 {
+// v12: the same entries; only getProperties' and makeVDevice's structs differ. One template
+// gives both tables (its type aliases add no members, so the layout is the list below).
+template <typename Props, typename VProps>
+struct NetWithContext {
+  using Properties = Props;
+  using VDevice = VProps;
+
   const char* name;
   Result (*init)(void** ctx, std::uint64_t comm_id, CommConfig* config, Logger logger,
                  ProfilerCallback profiler);
   Result (*devices)(int* ndev);
-  Result (*getProperties)(int dev, PropertiesV11* props);
+  Result (*getProperties)(int dev, Props* props);
   Result (*listen)(void* ctx, int dev, void* handle, void** listen_comm);
   Result (*connect)(void* ctx, int dev, void* handle, void** send_comm,
                     DeviceHandle** send_dev_comm);
@@ -263,12 +302,15 @@ struct NetV11 {
   Result (*closeListen)(void* listen_comm);
   Result (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
   Result (*irecvConsumed)(void* recv_comm, int n, void* request);
-  Result (*makeVDevice)(int* dev, VDeviceProps* props);
+  Result (*makeVDevice)(int* dev, VProps* props);
   Result (*finalize)(void* ctx);
   Result (*setNetAttr)(void* ctx, NetAttr* attr);
 };
+using NetV11 = NetWithContext<PropertiesV11, VDeviceProps>;
+using NetV12 = NetWithContext<PropertiesV12, VDevicePropsV12>;
 
 // The exported symbol names, newest first (the order NCCL probes them in).
+inline constexpr const char* kSymbolV12 = "ncclNetPlugin_v12";
 inline constexpr const char* kSymbolV11 = "ncclNetPlugin_v11";
 inline constexpr const char* kSymbolV10 = "ncclNetPlugin_v10";
 inline constexpr const char* kSymbolV9 = "ncclNetPlugin_v9";
@@ -285,6 +327,7 @@ static_assert(offsetof(DeviceHandle, size) == 16);
 static_assert(offsetof(DeviceHandle, needsProxyProgress) == 24);
 
 static_assert(sizeof(VDeviceProps) == 20 && offsetof(VDeviceProps, devs) == 4);
+static_assert(sizeof(VDevicePropsV12) == 36 && offsetof(VDevicePropsV12, devs) == 4);
 static_assert(sizeof(CommConfig) == 4);
 static_assert(sizeof(CommAttr) == 16 && offsetof(CommAttr, minFlowsPerPeer) == 12);
 static_assert(sizeof(NetAttr) == 44);
@@ -323,6 +366,20 @@ static_assert(offsetof(PropertiesV11, vProps) == 64 && offsetof(PropertiesV11, m
 static_assert(offsetof(PropertiesV11, maxCollBytes) == 96);
 static_assert(offsetof(PropertiesV11, maxMultiRequestSize) == 104);
 
+static_assert(sizeof(PropertiesV12) == 128);
+static_assert(offsetof(PropertiesV12, pciPath) == 8 && offsetof(PropertiesV12, guid) == 16);
+static_assert(offsetof(PropertiesV12, ptrSupport) == 24 &&
+              offsetof(PropertiesV12, regIsGlobal) == 28);
+static_assert(offsetof(PropertiesV12, forceFlush) == 32 && offsetof(PropertiesV12, speed) == 36);
+static_assert(offsetof(PropertiesV12, port) == 40 && offsetof(PropertiesV12, latency) == 44);
+static_assert(offsetof(PropertiesV12, maxComms) == 48 && offsetof(PropertiesV12, maxRecvs) == 52);
+static_assert(offsetof(PropertiesV12, netDeviceType) == 56);
+static_assert(offsetof(PropertiesV12, netDeviceVersion) == 60);
+static_assert(offsetof(PropertiesV12, vProps) == 64 && offsetof(PropertiesV12, maxP2pBytes) == 104);
+static_assert(offsetof(PropertiesV12, maxCollBytes) == 112);
+static_assert(offsetof(PropertiesV12, maxMultiRequestSize) == 120);
+static_assert(offsetof(PropertiesV12, railId) == 124 && offsetof(PropertiesV12, planeId) == 126);
+
 // Function tables: one pointer per member, in NCCL's order.
 constexpr std::size_t slot(std::size_t index) {
   return index * sizeof(void*);
@@ -342,5 +399,10 @@ static_assert(sizeof(NetV11) == slot(22));
 static_assert(offsetof(NetV11, listen) == slot(4) && offsetof(NetV11, deregMr) == slot(9));
 static_assert(offsetof(NetV11, makeVDevice) == slot(19) && offsetof(NetV11, finalize) == slot(20));
 static_assert(offsetof(NetV11, setNetAttr) == slot(21));
+static_assert(sizeof(NetV12) == slot(22));
+static_assert(offsetof(NetV12, getProperties) == slot(3) && offsetof(NetV12, listen) == slot(4));
+static_assert(offsetof(NetV12, isend) == slot(10) && offsetof(NetV12, test) == slot(13));
+static_assert(offsetof(NetV12, makeVDevice) == slot(19) && offsetof(NetV12, finalize) == slot(20));
+static_assert(offsetof(NetV12, setNetAttr) == slot(21));
 
 }  // namespace loom::nccl::abi

@@ -1,5 +1,5 @@
 // The objects behind NCCL's opaque pointers (listen comm, send/recv comm, memory handle,
-// request, v11 init context) and the version-neutral operations the ncclNet tables call.
+// request, v11/v12 init context) and the version-neutral operations the ncclNet tables call.
 // Every operation returns an abi::Result and never throws: see guard() in guard.hpp.
 #pragma once
 
@@ -68,7 +68,7 @@ struct MemoryHandle {
   MemoryRegion region;
 };
 
-// v11's per-NCCL-communicator init context.
+// v11's and v12's per-NCCL-communicator init context.
 struct InitContext {
   [[nodiscard]] Kind kind() const noexcept { return tag; }
   Kind tag = Kind::kContext;
@@ -83,8 +83,12 @@ abi::Result init_context(void** ctx, std::uint64_t comm_id, const abi::CommConfi
                          abi::Logger logger);
 abi::Result finalize(void* ctx);
 abi::Result devices(int* ndev);
-abi::Result make_vdevice(int* dev, abi::VDeviceProps* props);
-// Fills every field the versions share; `v9` adds forceFlush, vProps and the byte limits.
+// VProps is v9..v11's VDeviceProps (up to 4 devices) or v12's VDevicePropsV12 (up to 8).
+template <typename VProps>
+abi::Result make_vdevice(int* dev, VProps* props);
+// Fills every field the versions share, and the fields of the newer versions where Props has
+// them: v9's forceFlush, vProps and byte limits, v11's maxMultiRequestSize, v12's rail and
+// plane (kNetIdUndef: loom does not know the fabric's rails).
 template <typename Props>
 abi::Result properties(int dev, Props* props);
 

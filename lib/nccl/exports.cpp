@@ -1,5 +1,5 @@
-// The exported ncclNet tables, v8 to v11. Each version's entries adapt its argument types to
-// the operations of comm.hpp (which take v11's widest forms); nothing else differs.
+// The exported ncclNet tables, v8 to v12. Each version's entries adapt its argument types to
+// the operations of comm.hpp (which take the widest forms); nothing else differs.
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -57,7 +57,7 @@ abi::Result irecv_v10(void* comm, int n, void** data, std::size_t* sizes, int* t
   return ops::irecv(comm, n, data, sizes, tags, mhandles, request);
 }
 
-// ---- v11: per-communicator init context ----
+// ---- v11 and v12: per-communicator init context ----
 abi::Result init_v11(void** ctx, std::uint64_t comm_id, abi::CommConfig* config, abi::Logger logger,
                      abi::ProfilerCallback) {
   return ops::init_context(ctx, comm_id, config, logger);
@@ -74,6 +74,40 @@ abi::Result iflush_any(void* comm, int n, void** data, int* sizes, void** mhandl
   return ops::iflush(comm, n, data, sizes, mhandles, request);
 }
 
+// v11 and v12 have the same entries (abi::NetWithContext); v12 differs only in the structs of
+// getProperties (wider vProps, railId/planeId) and makeVDevice (8 devices), which the ops
+// take as template arguments. v12 brings no new entry. setNetAttr (v11, kept in v12) is
+// honoured as a hint loom has no use for: it checks the context and answers ncclSuccess.
+// NCCL would also accept a NULL setNetAttr (it calls it only where non-NULL), but an entry
+// that checks its context catches a stale one.
+template <typename Net>
+constexpr Net table_with_context() {
+  return Net{
+      .name = kName,
+      .init = init_v11,
+      .devices = ops::devices,
+      .getProperties = ops::properties<typename Net::Properties>,
+      .listen = listen_v11,
+      .connect = connect_v11,
+      .accept = ops::accept,
+      .regMr = ops::reg_mr,
+      .regMrDmaBuf = ops::reg_mr_dmabuf,
+      .deregMr = ops::dereg_mr,
+      .isend = isend_v10,
+      .irecv = irecv_v10,
+      .iflush = iflush_any,
+      .test = ops::test,
+      .closeSend = ops::close_send,
+      .closeRecv = ops::close_recv,
+      .closeListen = ops::close_listen,
+      .getDeviceMr = nullptr,
+      .irecvConsumed = nullptr,
+      .makeVDevice = ops::make_vdevice<typename Net::VDevice>,
+      .finalize = ops::finalize,
+      .setNetAttr = ops::set_net_attr,
+  };
+}
+
 }  // namespace
 }  // namespace loom::nccl
 
@@ -86,6 +120,7 @@ extern "C" {
 [[gnu::visibility("default")]] extern const abi::NetV9 ncclNetPlugin_v9;
 [[gnu::visibility("default")]] extern const abi::NetV10 ncclNetPlugin_v10;
 [[gnu::visibility("default")]] extern const abi::NetV11 ncclNetPlugin_v11;
+[[gnu::visibility("default")]] extern const abi::NetV12 ncclNetPlugin_v12;
 
 const abi::NetV8 ncclNetPlugin_v8 = {
     .name = kName,
@@ -129,7 +164,7 @@ const abi::NetV9 ncclNetPlugin_v9 = {
     .closeListen = ops::close_listen,
     .getDeviceMr = nullptr,
     .irecvConsumed = nullptr,
-    .makeVDevice = ops::make_vdevice,
+    .makeVDevice = ops::make_vdevice<abi::VDeviceProps>,
 };
 
 const abi::NetV10 ncclNetPlugin_v10 = {
@@ -152,32 +187,10 @@ const abi::NetV10 ncclNetPlugin_v10 = {
     .closeListen = ops::close_listen,
     .getDeviceMr = nullptr,
     .irecvConsumed = nullptr,
-    .makeVDevice = ops::make_vdevice,
+    .makeVDevice = ops::make_vdevice<abi::VDeviceProps>,
 };
 
-const abi::NetV11 ncclNetPlugin_v11 = {
-    .name = kName,
-    .init = init_v11,
-    .devices = ops::devices,
-    .getProperties = ops::properties<abi::PropertiesV11>,
-    .listen = listen_v11,
-    .connect = connect_v11,
-    .accept = ops::accept,
-    .regMr = ops::reg_mr,
-    .regMrDmaBuf = ops::reg_mr_dmabuf,
-    .deregMr = ops::dereg_mr,
-    .isend = isend_v10,
-    .irecv = irecv_v10,
-    .iflush = iflush_any,
-    .test = ops::test,
-    .closeSend = ops::close_send,
-    .closeRecv = ops::close_recv,
-    .closeListen = ops::close_listen,
-    .getDeviceMr = nullptr,
-    .irecvConsumed = nullptr,
-    .makeVDevice = ops::make_vdevice,
-    .finalize = ops::finalize,
-    .setNetAttr = ops::set_net_attr,
-};
+constinit const abi::NetV11 ncclNetPlugin_v11 = table_with_context<abi::NetV11>();
+constinit const abi::NetV12 ncclNetPlugin_v12 = table_with_context<abi::NetV12>();
 
 }  // extern "C"

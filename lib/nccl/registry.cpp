@@ -178,17 +178,14 @@ Properties Registry::properties(int dev) {
                     .max_recvs = static_cast<int>(kMaxRecvBuffers)};
 }
 
-int Registry::make_vdevice(const abi::VDeviceProps& props) {
+int Registry::make_vdevice(std::span<const int> devs) {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (!base_) throw std::invalid_argument("the plugin is not initialised");
-  if (props.ndevs < 1 || props.ndevs > abi::kMaxDevsPerNic)
-    throw std::invalid_argument("a virtual device fuses 1 to " +
-                                std::to_string(abi::kMaxDevsPerNic) + " devices, not " +
-                                std::to_string(props.ndevs));
+  if (devs.empty()) throw std::invalid_argument("a virtual device fuses at least 1 device");
   Device fused{.max_bytes = kMaxBytes};
-  for (int i = 0; i < props.ndevs; ++i) {
-    check_device(props.devs[i]);
-    const Device& part = devices_[static_cast<std::size_t>(props.devs[i])];
+  for (std::size_t i = 0; i < devs.size(); ++i) {
+    check_device(devs[i]);
+    const Device& part = devices_[static_cast<std::size_t>(devs[i])];
     for (const int nic : part.nics) {
       if (std::find(fused.nics.begin(), fused.nics.end(), nic) != fused.nics.end())
         throw std::invalid_argument("device " + part.name + " is named twice");

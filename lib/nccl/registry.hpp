@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,8 @@ class Registry {
 
   int device_count();
   Properties properties(int dev);
-  int make_vdevice(const abi::VDeviceProps& props);  // throws std::invalid_argument
+  // Fuses `devs` (at least one; the caller bounds the count by its version's vProps).
+  int make_vdevice(std::span<const int> devs);  // throws std::invalid_argument
 
   // The context a device's communicators use (opened on first use).
   Context& context(int dev);

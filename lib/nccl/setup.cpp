@@ -1,6 +1,10 @@
 // Setup entries: init/finalize, devices and properties, listen/connect/accept, registration
 // and close. NCCL calls these from its service thread (several communicators' at once).
+#include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <span>
+#include <string>
 #include <type_traits>
 
 #include "nccl/comm.hpp"
@@ -75,13 +79,21 @@ abi::Result devices(int* ndev) {
   });
 }
 
-abi::Result make_vdevice(int* dev, abi::VDeviceProps* props) {
+template <typename VProps>
+abi::Result make_vdevice(int* dev, VProps* props) {
   return guard("makeVDevice", [&] {
     if (dev == nullptr || props == nullptr) throw InvalidArgument("NULL argument");
-    *dev = Registry::get().make_vdevice(*props);
+    constexpr int kCapacity = static_cast<int>(std::extent_v<decltype(VProps::devs)>);
+    if (props->ndevs < 1 || props->ndevs > kCapacity)
+      throw InvalidArgument("a virtual device fuses 1 to " + std::to_string(kCapacity) +
+                            " devices, not " + std::to_string(props->ndevs));
+    *dev = Registry::get().make_vdevice(
+        std::span<const int>(props->devs, static_cast<std::size_t>(props->ndevs)));
     return abi::kSuccess;
   });
 }
+template abi::Result make_vdevice(int*, abi::VDeviceProps*);
+template abi::Result make_vdevice(int*, abi::VDevicePropsV12*);
 
 template <typename Props>
 abi::Result properties(int dev, Props* props) {
@@ -106,19 +118,27 @@ abi::Result properties(int dev, Props* props) {
     props->netDeviceVersion = 0;
     if constexpr (!std::is_same_v<Props, abi::PropertiesV8>) {
       props->forceFlush = 0;
-      props->vProps.ndevs = static_cast<int>(p.device->nics.size());
-      for (std::size_t i = 0; i < p.device->nics.size() && i < abi::kMaxDevsPerNic; ++i)
-        props->vProps.devs[i] = p.device->nics[i];
+      const std::size_t ndevs = std::min(p.device->nics.size(), std::size(props->vProps.devs));
+      props->vProps.ndevs = static_cast<int>(ndevs);
+      for (std::size_t i = 0; i < ndevs; ++i) props->vProps.devs[i] = p.device->nics[i];
       props->maxP2pBytes = p.device->max_bytes;
       props->maxCollBytes = p.device->max_bytes;
     }
-    if constexpr (std::is_same_v<Props, abi::PropertiesV11>) props->maxMultiRequestSize = 1;
+    if constexpr (requires { props->maxMultiRequestSize; }) props->maxMultiRequestSize = 1;
+    if constexpr (requires { props->railId; }) {
+      // NCCL pairs NICs across nodes by rail and plane only where both are defined; loom has
+      // no view of the fabric's rails, so it answers what NCCL itself fills in for a v11
+      // plugin: undefined, and NCCL's topology search ignores them.
+      props->railId = abi::kNetIdUndef;
+      props->planeId = abi::kNetIdUndef;
+    }
     return abi::kSuccess;
   });
 }
 template abi::Result properties(int, abi::PropertiesV8*);
 template abi::Result properties(int, abi::PropertiesV9*);
 template abi::Result properties(int, abi::PropertiesV11*);
+template abi::Result properties(int, abi::PropertiesV12*);
 
 abi::Result listen(int dev, void* handle, void** listen_comm) {
   return guard("listen", [&] {

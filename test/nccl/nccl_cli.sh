@@ -17,9 +17,9 @@ expect() {  # name, wanted exit code, wanted text, command...
     echo "ok   $name: $(grep -F -- "$text" <<<"$out" | head -1)"
   fi
 }
-expect no-symbol 2 "is not an ncclNet plugin: it exports none of ncclNetPlugin_v11" "$check" "$other"
+expect no-symbol 2 "is not an ncclNet plugin: it exports none of ncclNetPlugin_v12" "$check" "$other"
 expect no-file 2 "cannot load" "$check" /nonexistent/libnccl-net-none.so
-expect init-fails 2 "init of plugin loom (ncclNet v11): ncclSystemError" \
+expect init-fails 2 "init of plugin loom (ncclNet v12): ncclSystemError" \
   env LOOM_PROVIDER=no-such-provider "$check" "$plugin"
 expect peer-dies 1 "rank 1 killed by signal 9" \
   "$check" "$plugin" --case sizes --sizes 1m --kill-peer-in sizes --timeout 30

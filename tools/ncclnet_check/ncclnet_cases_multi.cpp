@@ -233,7 +233,7 @@ void multi_accept_case(Plugin& plugin, Rank& rank, const Options& options) {
   }
 }
 
-// v9+: makeVDevice fusing device `dev` (every device, up to 4, when there are several), then
+// v9+: makeVDevice fusing device `dev` (every device, up to vProps' room: 4, or 8 in v12), then
 // a transfer over the virtual device; its properties must list the fused devices.
 void vdevice_case(Plugin& plugin, Rank& rank, const Options& options) {
   if (plugin.version() < 9) {
@@ -243,7 +243,7 @@ void vdevice_case(Plugin& plugin, Rank& rank, const Options& options) {
   }
   std::vector<int> devs;
   const int n = plugin.devices();
-  for (int d = 0; d < n && devs.size() < abi::kMaxDevsPerNic; ++d) devs.push_back(d);
+  for (int d = 0; d < n && devs.size() < plugin.vdevice_capacity(); ++d) devs.push_back(d);
   const int vdev = plugin.make_vdevice(devs);
   const DeviceProps props = plugin.properties(vdev);
   if (props.vdevs.size() != devs.size())

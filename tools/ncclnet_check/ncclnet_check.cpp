@@ -89,11 +89,12 @@ void print_devices(Plugin& plugin) {
         "\n  ptrSupport %s (0x%x)\n  regIsGlobal %d\n"
         "  forceFlush %d\n  speed %d Mbps\n  port %d\n  latency %.2f us\n  maxComms %d\n"
         "  maxRecvs %d\n  netDeviceType %d (version %d)\n  vProps [%s]\n  maxP2pBytes %zu\n"
-        "  maxCollBytes %zu\n  maxMultiRequestSize %d\n",
+        "  maxCollBytes %zu\n  maxMultiRequestSize %d\n  railId %d\n  planeId %d\n",
         d, p.name.c_str(), p.pci_path.empty() ? "(NULL)" : p.pci_path.c_str(), p.guid,
         ptr_text(p.ptr_support), p.ptr_support, p.reg_is_global, p.force_flush, p.speed, p.port,
         static_cast<double>(p.latency), p.max_comms, p.max_recvs, p.device_type, p.device_version,
-        vdevs.c_str(), p.max_p2p_bytes, p.max_coll_bytes, p.max_multi_request);
+        vdevs.c_str(), p.max_p2p_bytes, p.max_coll_bytes, p.max_multi_request, p.rail_id,
+        p.plane_id);
   }
 }
 
@@ -115,8 +116,8 @@ int main(int argc, char** argv) {
   app.add_option("--case", cases, "cases to run, comma-separated, or 'all' (default)");
   app.add_flag("--list", list, "list the cases and exit");
   app.add_flag("--devices", devices_only, "print the devices and their properties only");
-  app.add_option("--ncclnet-version", options.version, "use ncclNetPlugin_vN (8..11) only")
-      ->check(CLI::Range(8, 11));
+  app.add_option("--ncclnet-version", options.version, "use ncclNetPlugin_vN (8..12) only")
+      ->check(CLI::Range(8, 12));
   app.add_option("--dev", options.dev, "device the cases use (default 0)");
   app.add_option("--timeout", timeout, "seconds a case may take before it fails (default 60)");
   app.add_option("--sizes", sizes, "sizes of the sizes case (k/m/g suffixes, +N)");

@@ -6,6 +6,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <type_traits>
 
 #include <dlfcn.h>
@@ -46,14 +47,35 @@ DeviceProps convert(const Props& p) {
   out.device_version = p.netDeviceVersion;
   if constexpr (!std::is_same_v<Props, abi::PropertiesV8>) {
     out.force_flush = p.forceFlush;
-    for (int i = 0; i < std::min(p.vProps.ndevs, abi::kMaxDevsPerNic); ++i)
+    const int capacity = static_cast<int>(std::size(p.vProps.devs));
+    for (int i = 0; i < std::min(p.vProps.ndevs, capacity); ++i)
       out.vdevs.push_back(p.vProps.devs[i]);
     out.max_p2p_bytes = p.maxP2pBytes;
     out.max_coll_bytes = p.maxCollBytes;
   }
-  if constexpr (std::is_same_v<Props, abi::PropertiesV11>)
-    out.max_multi_request = p.maxMultiRequestSize;
+  if constexpr (requires { p.maxMultiRequestSize; }) out.max_multi_request = p.maxMultiRequestSize;
+  if constexpr (requires { p.railId; }) {
+    out.rail_id = p.railId;
+    out.plane_id = p.planeId;
+  }
   return out;
+}
+
+// v11 and v12 tables have the same entries (abi::NetWithContext): calls that do not touch
+// getProperties' or makeVDevice's structs are written once for both.
+template <typename F>
+decltype(auto) with_context_table(int version, const void* table, F&& f) {
+  if (version == 12) return f(*static_cast<const abi::NetV12*>(table));
+  return f(*static_cast<const abi::NetV11*>(table));
+}
+
+// VProps: v9..v11's VDeviceProps (4 devices) or v12's VDevicePropsV12 (8).
+template <typename Net, typename VProps>
+abi::Result make_vdevice_on(const void* table, std::span<const int> devs, int* dev) {
+  VProps props{};
+  props.ndevs = static_cast<int>(devs.size());
+  std::copy_n(devs.begin(), std::min(devs.size(), std::size(props.devs)), props.devs);
+  return static_cast<const Net*>(table)->makeVDevice(dev, &props);
 }
 
 }  // namespace
@@ -94,8 +116,11 @@ Plugin::Plugin(const std::string& path, int version) {
     const char* why = dlerror();
     throw CheckError("cannot load " + path + ": " + (why ? why : "dlopen failed"));
   }
-  const std::array<std::pair<int, const char*>, 4> symbols{
-      {{11, abi::kSymbolV11}, {10, abi::kSymbolV10}, {9, abi::kSymbolV9}, {8, abi::kSymbolV8}}};
+  const std::array<std::pair<int, const char*>, 5> symbols{{{12, abi::kSymbolV12},
+                                                            {11, abi::kSymbolV11},
+                                                            {10, abi::kSymbolV10},
+                                                            {9, abi::kSymbolV9},
+                                                            {8, abi::kSymbolV8}}};
   std::string tried;
   for (const auto& [v, symbol] : symbols) {
     if (version != 0 && v != version) continue;
@@ -116,14 +141,18 @@ Plugin::~Plugin() {
 }
 
 void Plugin::finalize() {
-  const auto* v11 = static_cast<const abi::NetV11*>(table_);
-  if (version_ == 11 && context_ != nullptr && v11->finalize != nullptr) v11->finalize(context_);
+  if (version_ >= 11 && context_ != nullptr) {
+    with_context_table(version_, table_, [&](const auto& net) {
+      if (net.finalize != nullptr) net.finalize(context_);
+    });
+  }
   context_ = nullptr;
 }
 
 // Calls member `f` of whichever table this plugin exports, with the same arguments.
 #define NCCLNET_CALL(f, ...)                                                  \
-  (version_ == 11   ? static_cast<const abi::NetV11*>(table_)->f(__VA_ARGS__) \
+  (version_ == 12   ? static_cast<const abi::NetV12*>(table_)->f(__VA_ARGS__) \
+   : version_ == 11 ? static_cast<const abi::NetV11*>(table_)->f(__VA_ARGS__) \
    : version_ == 10 ? static_cast<const abi::NetV10*>(table_)->f(__VA_ARGS__) \
    : version_ == 9  ? static_cast<const abi::NetV9*>(table_)->f(__VA_ARGS__)  \
                     : static_cast<const abi::NetV8*>(table_)->f(__VA_ARGS__))
@@ -135,10 +164,12 @@ const char* Plugin::name() const noexcept {
 void Plugin::init() {
   abi::Result result = abi::kSuccess;
   switch (version_) {
+    case 12:
     case 11: {
       abi::CommConfig config{.trafficClass = abi::kTrafficClassUndef};
-      result = static_cast<const abi::NetV11*>(table_)->init(&context_, 0x10ad, &config,
-                                                             tool_logger, nullptr);
+      result = with_context_table(version_, table_, [&](const auto& net) {
+        return net.init(&context_, 0x10ad, &config, tool_logger, nullptr);
+      });
       break;
     }
     case 10:
@@ -165,6 +196,11 @@ int Plugin::devices() {
 DeviceProps Plugin::properties(int dev) {
   const std::string what = "getProperties(" + std::to_string(dev) + ")";
   switch (version_) {
+    case 12: {
+      abi::PropertiesV12 p{};
+      check(static_cast<const abi::NetV12*>(table_)->getProperties(dev, &p), what);
+      return convert(p);
+    }
     case 11: {
       abi::PropertiesV11 p{};
       check(static_cast<const abi::NetV11*>(table_)->getProperties(dev, &p), what);
@@ -186,23 +222,29 @@ DeviceProps Plugin::properties(int dev) {
   }
 }
 
+std::size_t Plugin::vdevice_capacity() const noexcept {
+  if (version_ < 9) return 0;
+  return version_ == 12 ? std::extent_v<decltype(abi::VDevicePropsV12::devs)>
+                        : std::extent_v<decltype(abi::VDeviceProps::devs)>;
+}
+
 int Plugin::make_vdevice(std::span<const int> devs) {
   if (version_ < 9) throw CheckError("makeVDevice needs ncclNet v9 or later");
-  abi::VDeviceProps props{};
-  props.ndevs = static_cast<int>(devs.size());
-  std::copy_n(devs.begin(), std::min<std::size_t>(devs.size(), abi::kMaxDevsPerNic), props.devs);
   int dev = -1;
-  abi::Result result =
-      version_ == 11   ? static_cast<const abi::NetV11*>(table_)->makeVDevice(&dev, &props)
-      : version_ == 10 ? static_cast<const abi::NetV10*>(table_)->makeVDevice(&dev, &props)
-                       : static_cast<const abi::NetV9*>(table_)->makeVDevice(&dev, &props);
+  const abi::Result result =
+      version_ == 12   ? make_vdevice_on<abi::NetV12, abi::VDevicePropsV12>(table_, devs, &dev)
+      : version_ == 11 ? make_vdevice_on<abi::NetV11, abi::VDeviceProps>(table_, devs, &dev)
+      : version_ == 10 ? make_vdevice_on<abi::NetV10, abi::VDeviceProps>(table_, devs, &dev)
+                       : make_vdevice_on<abi::NetV9, abi::VDeviceProps>(table_, devs, &dev);
   check(result, "makeVDevice");
   return dev;
 }
 
 abi::Result Plugin::listen(int dev, void* handle, void** comm) {
-  if (version_ == 11)
-    return static_cast<const abi::NetV11*>(table_)->listen(context_, dev, handle, comm);
+  if (version_ >= 11) {
+    return with_context_table(
+        version_, table_, [&](const auto& net) { return net.listen(context_, dev, handle, comm); });
+  }
   if (version_ == 10) return static_cast<const abi::NetV10*>(table_)->listen(dev, handle, comm);
   if (version_ == 9) return static_cast<const abi::NetV9*>(table_)->listen(dev, handle, comm);
   return static_cast<const abi::NetV8*>(table_)->listen(dev, handle, comm);
@@ -211,9 +253,11 @@ abi::Result Plugin::listen(int dev, void* handle, void** comm) {
 abi::Result Plugin::connect(int dev, void* handle, void** comm) {
   abi::DeviceHandle* dev_comm = nullptr;
   switch (version_) {
+    case 12:
     case 11:
-      return static_cast<const abi::NetV11*>(table_)->connect(context_, dev, handle, comm,
-                                                              &dev_comm);
+      return with_context_table(version_, table_, [&](const auto& net) {
+        return net.connect(context_, dev, handle, comm, &dev_comm);
+      });
     case 10: {
       abi::CommConfig config{.trafficClass = abi::kTrafficClassUndef};
       return static_cast<const abi::NetV10*>(table_)->connect(dev, &config, handle, comm,
@@ -242,9 +286,11 @@ abi::Result Plugin::dereg_mr(void* comm, void* mhandle) {
 abi::Result Plugin::isend(void* comm, void* data, std::size_t size, int tag, void* mhandle,
                           void** request) {
   switch (version_) {
+    case 12:
     case 11:
-      return static_cast<const abi::NetV11*>(table_)->isend(comm, data, size, tag, mhandle, nullptr,
-                                                            request);
+      return with_context_table(version_, table_, [&](const auto& net) {
+        return net.isend(comm, data, size, tag, mhandle, nullptr, request);
+      });
     case 10:
       return static_cast<const abi::NetV10*>(table_)->isend(comm, data, size, tag, mhandle, nullptr,
                                                             request);
@@ -261,9 +307,11 @@ abi::Result Plugin::irecv(void* comm, int n, void** data, std::size_t* sizes, in
                           void** mhandles, void** request) {
   std::array<void*, abi::kMaxDevsPerNic * 2> phandles{};
   switch (version_) {
+    case 12:
     case 11:
-      return static_cast<const abi::NetV11*>(table_)->irecv(comm, n, data, sizes, tags, mhandles,
-                                                            phandles.data(), request);
+      return with_context_table(version_, table_, [&](const auto& net) {
+        return net.irecv(comm, n, data, sizes, tags, mhandles, phandles.data(), request);
+      });
     case 10:
       return static_cast<const abi::NetV10*>(table_)->irecv(comm, n, data, sizes, tags, mhandles,
                                                             phandles.data(), request);

@@ -1,5 +1,5 @@
 // ncclnet_check's view of an ncclNet plugin: dlopens any plugin .so, takes the newest
-// ncclNetPlugin_vN it exports (v11 down to v8, NCCL's order) and calls it through one
+// ncclNetPlugin_vN it exports (v12 down to v8, NCCL's order) and calls it through one
 // version-neutral interface. The ABI layouts come from lib/nccl/abi.hpp.
 #pragma once
 
@@ -47,15 +47,17 @@ struct DeviceProps {
   std::size_t max_p2p_bytes = 0;
   std::size_t max_coll_bytes = 0;
   int max_multi_request = 0;
+  int rail_id = abi::kNetIdUndef;  // v12; undefined before
+  int plane_id = abi::kNetIdUndef;
 };
 
 class Plugin {
  public:
-  // dlopens `path` (RTLD_NOW | RTLD_LOCAL as NCCL does) and probes ncclNetPlugin_v11..v8.
+  // dlopens `path` (RTLD_NOW | RTLD_LOCAL as NCCL does) and probes ncclNetPlugin_v12..v8.
   // `version` > 0 takes that version only. Throws CheckError naming the file and the symbols
   // tried when none is there.
   explicit Plugin(const std::string& path, int version = 0);
-  ~Plugin();  // closes the v11 context (finalize) and dlcloses
+  ~Plugin();  // closes the v11/v12 context (finalize) and dlcloses
   Plugin(const Plugin&) = delete;
   Plugin& operator=(const Plugin&) = delete;
 
@@ -63,11 +65,13 @@ class Plugin {
   [[nodiscard]] const char* name() const noexcept;
 
   void init();  // throws CheckError ("init: ncclInternalError")
-  // v11: finalize the init context now (the destructor does it otherwise); no-op before v11.
+  // v11+: finalize the init context now (the destructor does it otherwise); no-op before v11.
   void finalize();
   int devices();
   DeviceProps properties(int dev);
   int make_vdevice(std::span<const int> devs);  // v9+; throws CheckError before
+  // Devices a virtual device may fuse: vProps' room (4 in v9..v11, 8 in v12; 0 before v9).
+  [[nodiscard]] std::size_t vdevice_capacity() const noexcept;
 
   abi::Result listen(int dev, void* handle, void** comm);
   abi::Result connect(int dev, void* handle, void** comm);
@@ -88,7 +92,7 @@ class Plugin {
   void* library_ = nullptr;
   int version_ = 0;
   const void* table_ = nullptr;
-  void* context_ = nullptr;  // v11 init context
+  void* context_ = nullptr;  // v11/v12 init context
   bool initialised_ = false;
 };
 
