@@ -20,6 +20,7 @@
 #include "p2p/group.hpp"
 #include "p2p/messages.hpp"
 #include "p2p/part_state.hpp"
+#include "p2p/state_edges.hpp"
 #include "util/log.hpp"
 
 namespace loom::ofi {
@@ -60,8 +61,8 @@ constexpr std::string_view to_string(RecordState s) {
   return kNames[static_cast<unsigned>(s)];
 }
 
-// Debug builds log every state change at trace level, as rxm's RXM_UPDATE_STATE does; release
-// builds keep even the level check off the message path.
+// Debug builds log every state change at trace level, as rxm's RXM_UPDATE_STATE does, and record
+// its edge (state_edges.hpp); release builds keep even the level check off the message path.
 template <typename State>
 void trace_transition([[maybe_unused]] const char* machine, [[maybe_unused]] std::uint32_t seq,
                       [[maybe_unused]] State from, [[maybe_unused]] State to) noexcept {
@@ -91,11 +92,13 @@ struct Part {
   void to(SendState next) noexcept {
     assert(legal(send, next) && "illegal send state transition");
     trace_transition("send", seq, send, next);
+    record_edge(send, next);
     send = next;
   }
   void to(RecvState next) noexcept {
     assert(legal(recv, next) && "illegal receive state transition");
     trace_transition("receive", seq, recv, next);
+    record_edge(recv, next);
     recv = next;
   }
 };
@@ -130,6 +133,7 @@ struct Request final : ofi::CompletionHandler {
   void to(ReadyToSendState next) noexcept {
     assert(legal(ready_to_send, next) && "illegal ready-to-send transition");
     trace_transition("ready-to-send", parts[0].seq, ready_to_send, next);
+    record_edge(ready_to_send, next);
     ready_to_send = next;
   }
   // The message still owes the receiver its ready-to-send.
