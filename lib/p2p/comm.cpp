@@ -211,18 +211,13 @@ void Comm::release_slot(std::uint32_t slot) {
   free_registrations_.push_back(slot);
 }
 
-void Comm::hold_region(Part& part, const MemoryRegion& region) noexcept {
-  if (region.owner_ == context_id_) {
-    // lookup() just made the lane's entry: found again, not registered again.
-    mux::SharedRegions& shared = lane_->shared_regions();
-    const std::uint32_t entry =
-        shared.acquire(region.slot_, region.generation_, nullptr, 0, MemoryType::kHost, 0);
-    shared.hold(entry);
-    part.region = entry | kSharedRegion;
-    return;
-  }
-  part.region = region.slot_;
-  ++registrations_[region.slot_].users;
+// lookup() just made the lane's entry: found again, not registered again.
+void Comm::hold_shared_region(Part& part, const MemoryRegion& region) noexcept {
+  mux::SharedRegions& shared = lane_->shared_regions();
+  const std::uint32_t entry =
+      shared.acquire(region.slot_, region.generation_, nullptr, 0, MemoryType::kHost, 0);
+  shared.hold(entry);
+  part.region = entry | kSharedRegion;
 }
 
 void Comm::release_regions(Request& request) noexcept {
@@ -269,7 +264,8 @@ const ofi::MemoryRegistration* Comm::lookup_shared(const MemoryRegion& region, c
 
 const ofi::MemoryRegistration* Comm::lookup(const MemoryRegion& region, const void* data,
                                             std::size_t size) {
-  if (region.owner_ == context_id_) return lookup_shared(region, data, size);
+  if (region.owner_ == context_id_) [[unlikely]]
+    return lookup_shared(region, data, size);
   if (region.owner_ != serial_ || region.slot_ >= registrations_.size() ||
       registrations_[region.slot_].registration == nullptr ||
       registrations_[region.slot_].generation != region.generation_) [[unlikely]] {
@@ -390,31 +386,14 @@ Status Comm::refuse_batch(const char* what) {
   return Status::kError;
 }
 
-loom::Request Comm::handle_of(const Request& request) const noexcept {
-  return {serial_, requests_.index_of(request), request.generation};
-}
-
-// Only the user's thread changes what this reads (posts and reports), so it needs no lock.
-Request* Comm::find(const loom::Request& handle, const char* operation) {
-  Request* r = handle.comm_ == serial_ ? requests_.at(handle.index_) : nullptr;
-  if (r != nullptr && r->generation == handle.generation_ && r->record == RecordState::kPending)
-      [[likely]] {
-    return r;
-  }
+Request* Comm::refuse_handle(const loom::Request& handle, const char* operation) {
+  const Request* r = handle.comm_ == serial_ ? requests_.at(handle.index_) : nullptr;
   const char* why = !handle.valid()           ? "an empty request handle"
                     : handle.comm_ != serial_ ? "a request of another communicator"
                     : r == nullptr            ? "not a request of this communicator"
                                               : "a request already reported done";
   reject(Status::kInvalid, std::string(operation) + ": " + why);
   return nullptr;
-}
-
-Status Comm::test(const loom::Request& handle, std::span<std::size_t> sizes) {
-  Request* request = find(handle, "test");
-  if (request == nullptr) [[unlikely]]
-    return Status::kInvalid;
-  std::size_t handled = 0;
-  return poll(*request, sizes, handled);
 }
 
 Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled) {

@@ -82,9 +82,18 @@ class Comm : public mux::CommPort {
   MemoryRegion register_memory(const void* data, std::size_t size, MemoryType type, int device);
   void deregister(MemoryRegion region);
   // The user's handle of a request it posted (valid while the request is kPending).
-  [[nodiscard]] loom::Request handle_of(const Request& request) const noexcept;
+  [[nodiscard]] loom::Request handle_of(const Request& request) const noexcept {
+    return {serial_, requests_.index_of(request), request.generation};
+  }
   // kInProgress while the request runs, its outcome once done (see loom::Communicator::test).
-  Status test(const loom::Request& handle, std::span<std::size_t> sizes);
+  // Inline: the user's polling loop calls it many times per message.
+  Status test(const loom::Request& handle, std::span<std::size_t> sizes) {
+    Request* request = find(handle, "test");
+    if (request == nullptr) [[unlikely]]
+      return Status::kInvalid;
+    std::size_t handled = 0;
+    return poll(*request, sizes, handled);
+  }
   // test() until done; kInProgress once `timeout` passed with the request still pending. Backs
   // off (yield, then short sleeps) while nothing completes, so a wait for a peer that is slow
   // to post leaves the CPU to others.
@@ -138,7 +147,13 @@ class Comm : public mux::CommPort {
   static constexpr std::uint32_t kSharedRegion = 1u << 31;
   // `part` uses `region` (lookup() accepted it): the registration stays until the part's
   // request is retired (release_regions), whatever deregister() does meanwhile.
-  void hold_region(Part& part, const MemoryRegion& region) noexcept;
+  void hold_region(Part& part, const MemoryRegion& region) noexcept {
+    if (region.owner_ == context_id_) [[unlikely]]
+      return hold_shared_region(part, region);
+    part.region = region.slot_;
+    ++registrations_[region.slot_].users;
+  }
+  void hold_shared_region(Part& part, const MemoryRegion& region) noexcept;
   void release_slot(std::uint32_t slot);
   Status reject(Status status, std::string text);  // records last_error_
   // The provider pushed back: advance() runs again at the lane's next progress.
@@ -205,8 +220,17 @@ class Comm : public mux::CommPort {
   // Closing: whether writes the peer posted towards this side may still be arriving (see
   // WritesPosted); close() keeps the lane's endpoints until they did, or the peer timed out.
   [[nodiscard]] virtual bool writes_may_arrive() const noexcept { return false; }
-  // The pending request `handle` names, or nullptr with last_error_ saying why not.
-  Request* find(const loom::Request& handle, const char* operation);
+  // The pending request `handle` names, or nullptr with last_error_ saying why not. Only the
+  // user's thread changes what this reads (posts and reports), so it needs no lock.
+  Request* find(const loom::Request& handle, const char* operation) {
+    Request* r = handle.comm_ == serial_ ? requests_.at(handle.index_) : nullptr;
+    if (r != nullptr && r->generation == handle.generation_ && r->record == RecordState::kPending)
+        [[likely]] {
+      return r;
+    }
+    return refuse_handle(handle, operation);
+  }
+  [[gnu::cold]] Request* refuse_handle(const loom::Request& handle, const char* operation);
   // One test() pass; `handled` counts the completions it processed.
   Status poll(Request& request, std::span<std::size_t> sizes, std::size_t& handled);
   // Pings and pongs: true when `header` was one (and consumed). Anything from the peer is a
