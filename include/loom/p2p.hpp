@@ -31,7 +31,6 @@ class Comm;
 class ContextCore;
 class ConnectorState;
 class ListenerState;
-struct Request;
 }  // namespace p2p
 
 using Tag = std::uint32_t;
@@ -174,8 +173,6 @@ class Communicator {
 
  protected:
   Communicator(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
-  // What a post gives the user: the handle of `request` where `status` is kOk.
-  [[nodiscard]] Posted posted(Status status, const p2p::Request* request) const;
   // The context (lane registry, NICs) outlives the communicator: close() lets go of it last.
   std::shared_ptr<p2p::ContextCore> context_;
   std::unique_ptr<p2p::Comm> comm_;

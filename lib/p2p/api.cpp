@@ -72,9 +72,13 @@ CommStats Communicator::stats() const {
   return comm_ ? comm_->stats() : CommStats{};
 }
 
-Posted Communicator::posted(Status status, const p2p::Request* request) const {
-  return {status, status == Status::kOk ? comm_->handle_of(*request) : Request{}};
+namespace {
+// What a post gives the user: the handle of `request` where `status` is kOk. A function of this
+// file, not an exported member, so that the posts inline it.
+Posted posted(const p2p::Comm& comm, Status status, const p2p::Request* request) {
+  return {status, status == Status::kOk ? comm.handle_of(*request) : Request{}};
 }
+}  // namespace
 
 SendComm::SendComm(CommKey /*key*/, std::shared_ptr<p2p::ContextCore> context,
                    std::unique_ptr<p2p::Comm> comm)
@@ -85,7 +89,7 @@ Posted SendComm::isend(const void* data, std::size_t size, Tag tag, MemoryRegion
   p2p::Request* request = nullptr;
   const Status status =
       static_cast<p2p::SendCommImpl&>(*comm_).isend(data, size, tag, region, request);
-  return posted(status, request);
+  return posted(*comm_, status, request);
 }
 
 RecvComm::RecvComm(CommKey /*key*/, std::shared_ptr<p2p::ContextCore> context,
@@ -96,14 +100,14 @@ Posted RecvComm::irecv(std::span<const RecvBuffer> buffers) {
   if (!comm_) return {Status::kInvalid, {}};
   p2p::Request* request = nullptr;
   const Status status = static_cast<p2p::RecvCommImpl&>(*comm_).irecv(buffers, request);
-  return posted(status, request);
+  return posted(*comm_, status, request);
 }
 
 Posted RecvComm::iflush(std::span<const RecvBuffer> buffers) {
   if (!comm_) return {Status::kInvalid, {}};
   p2p::Request* request = nullptr;
   const Status status = static_cast<p2p::RecvCommImpl&>(*comm_).iflush(buffers, request);
-  return posted(status, request);
+  return posted(*comm_, status, request);
 }
 
 // ---- listener and connector ----
