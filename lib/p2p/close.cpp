@@ -168,12 +168,14 @@ CloseNotice SendCommImpl::close_notice(CloseReason reason) {
         left = r.stripes_posted == r.stripes && told;
         break;
       case SendState::kFailing:
+      case SendState::kFailed:
+        // A verdict the receiver reaches only from the ready-to-send: failed here (a close
+        // that matched it settles it at once) yet unfinished over there until that left.
         left = told;
         break;
       case SendState::kSentAhead:
       case SendState::kEagerInFlight:
       case SendState::kDone:
-      case SendState::kFailed:
         break;
     }
     if (reason == CloseReason::kLost) left = terminal(part.send);

@@ -365,11 +365,20 @@ void sender_closes_as_clearances_arrive() {
                 const Request r1 = p.irecv(kSmall);
                 const Request r2 = p.irecv(2 * kLarge);  // the batch leaves: above the eager size
                 p.close_out();
-                // The first message's verdict never left, yet the close notice counts it as
-                // finished (it failed): its receive would wait for the peer timeout.
+                // The first message failed as the close matched it, and its verdict never
+                // left: the close notice calls it unfinished, so its receive fails at once
+                // rather than after the peer timeout.
+                const auto closed = std::chrono::steady_clock::now();
+                p.finish_recv(r0, {Status::kPeerError, Status::kTruncated});
+                const auto waited = std::chrono::steady_clock::now() - closed;
+                require(
+                    waited < std::chrono::milliseconds(kPeerTimeoutMs / 2),
+                    "the too-large message's receive waited " +
+                        std::to_string(
+                            std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) +
+                        " ms after the sender closed");
                 p.finish_recv(r1, {Status::kPeerError, Status::kOk});
                 p.finish_recv(r2, {Status::kPeerError, Status::kOk});
-                (void)r0;
               });
 }
 
