@@ -310,6 +310,34 @@ struct ContextStats {
   std::size_t closing_lanes = 0;
 };
 
+// A context's region (Context::register_memory), owned: deregistered when it is destroyed or
+// reset. The handle then names nothing at once, and each lane lets go of its registration when
+// the last request that uses it there ended. Move-only; it keeps its context's core alive, so
+// it may outlive the Context object.
+class Region {
+ public:
+  Region() = default;
+  Region(Region&& other) noexcept;
+  Region& operator=(Region&& other) noexcept;
+  ~Region();
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  // What posts take; copies of it name nothing once the region is deregistered.
+  [[nodiscard]] const MemoryRegion& handle() const noexcept { return handle_; }
+  operator const MemoryRegion&() const noexcept { return handle_; }  // NOLINT: a view of it
+  [[nodiscard]] bool valid() const noexcept { return handle_.valid(); }
+  // Deregisters now (nothing for an empty or moved-from region).
+  void reset() noexcept;
+
+ private:
+  friend class Context;
+  Region(std::shared_ptr<p2p::ContextCore> core, MemoryRegion handle) noexcept
+      : core_(std::move(core)), handle_(handle) {}
+  std::shared_ptr<p2p::ContextCore> core_;
+  MemoryRegion handle_;
+};
+
 class Context {
  public:
   // Opens the NICs the configuration selects. Throws loom::Error (listing the providers that
@@ -324,18 +352,15 @@ class Context {
 
   // Registers memory once for every communicator of this context, those open now and those
   // made later: the region is taken wherever a MemoryRegion is (isend, RecvBuffer, iflush) on
-  // any of them. A lane registers it on its rails when one of its communicators first uses it
-  // (under FI_MR_ENDPOINT bound to that lane's endpoints), so the region costs provider
-  // registrations only where it is used; that first post returns kInvalid, last_error() quoting
-  // the provider, if the provider refuses the registration. Throws loom::Error for an empty range,
-  // or device memory no NIC of the context takes. The memory must stay allocated until the region
-  // is deregistered and the requests using it ended (see Communicator::register_memory).
-  MemoryRegion register_memory(const void* data, std::size_t size,
-                               MemoryType type = MemoryType::kHost, int device = 0);
-  // Releases a region of this context: the handle names nothing at once, and each lane lets go
-  // of its registration when the last request that uses it there ended. Regions of another
-  // context or communicator, and ones already deregistered, are ignored.
-  void deregister(MemoryRegion region);
+  // any of them, and deregistered when the returned owner goes (or is reset). A lane registers it
+  // on its rails when one of its communicators first uses it (under FI_MR_ENDPOINT bound to that
+  // lane's endpoints), so the region costs provider registrations only where it is used; that first
+  // post returns kInvalid, last_error() quoting the provider, if the provider refuses the
+  // registration. Throws loom::Error for an empty range, or device memory no NIC of the context
+  // takes. The memory must stay allocated until the region is deregistered and the requests using
+  // it ended (see Communicator::register_memory).
+  [[nodiscard]] Region register_memory(const void* data, std::size_t size,
+                                       MemoryType type = MemoryType::kHost, int device = 0);
 
   [[nodiscard]] const Config& config() const noexcept;
   [[nodiscard]] std::vector<NicDescription> nics() const;

@@ -1,5 +1,6 @@
 // The public classes of include/loom/p2p.hpp, forwarding to lib/p2p.
 #include <algorithm>
+#include <utility>
 
 #include "loom/p2p.hpp"
 #include "loom/process.hpp"
@@ -158,13 +159,30 @@ Connector Context::connect(const Handle& handle) {
   return Connector(std::make_shared<p2p::ConnectorState>(core_, handle));
 }
 
-MemoryRegion Context::register_memory(const void* data, std::size_t size, MemoryType type,
-                                      int device) {
-  return core_->register_region(data, size, type, device);
+Region Context::register_memory(const void* data, std::size_t size, MemoryType type, int device) {
+  return {core_, core_->register_region(data, size, type, device)};
 }
 
-void Context::deregister(MemoryRegion region) {
-  core_->deregister_region(region);
+Region::Region(Region&& other) noexcept
+    : core_(std::move(other.core_)), handle_(std::exchange(other.handle_, MemoryRegion{})) {}
+
+Region& Region::operator=(Region&& other) noexcept {
+  if (this != &other) {
+    reset();
+    core_ = std::move(other.core_);
+    handle_ = std::exchange(other.handle_, MemoryRegion{});
+  }
+  return *this;
+}
+
+Region::~Region() {
+  reset();
+}
+
+void Region::reset() noexcept {
+  if (core_ && handle_.valid()) core_->deregister_region(handle_);
+  handle_ = MemoryRegion{};
+  core_.reset();
 }
 
 const Config& Context::config() const noexcept {

@@ -95,7 +95,7 @@ MemoryRegion ContextCore::register_region(const void* data, std::size_t size, Me
   return region;
 }
 
-void ContextCore::deregister_region(const MemoryRegion& region) {
+void ContextCore::deregister_region(const MemoryRegion& region) noexcept {
   if (region.owner_ != id_) return;
   if (!regions_.remove({region.slot_, region.generation_})) return;
   lanes_->drop_shared_region(region.slot_, region.generation_);

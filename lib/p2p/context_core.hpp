@@ -40,7 +40,7 @@ class ContextCore final {
   [[nodiscard]] ContextRegions& regions() noexcept { return regions_; }
   // loom::Context::register_memory and deregister.
   MemoryRegion register_region(const void* data, std::size_t size, MemoryType type, int device);
-  void deregister_region(const MemoryRegion& region);
+  void deregister_region(const MemoryRegion& region) noexcept;
   // Listeners draw their nonces here, with the bootstrap mutex held (which guards the
   // generator).
   std::uint64_t random() { return rng_(); }

@@ -2,6 +2,7 @@
 // context takes, registered by each lane on first use, lanes opened after it included; a
 // deregistration that waits for the requests still using it; clear refusals otherwise.
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -39,8 +40,9 @@ TEST_CASE("p2p a context's region serves all its communicators, lanes opened lat
   Context b(test_config(1));
   std::vector<std::byte> slab(2 * kWritten);
   // Registered before any lane exists: each lane registers it when it first uses it.
-  const MemoryRegion region = a.register_memory(slab.data(), slab.size());
-  REQUIRE(region.valid());
+  Region owned = a.register_memory(slab.data(), slab.size());
+  REQUIRE(owned.valid());
+  const MemoryRegion region = owned;  // a copy, as an application passes it around
   CHECK(context_regions(a) == 0);
 
   Listener at_b = b.listen();
@@ -90,8 +92,8 @@ TEST_CASE("p2p a context's region serves all its communicators, lanes opened lat
   Request pending;
   RecvBuffer buffer{incoming, kWritten, 9, region};
   REQUIRE(post_into(ba.in->irecv({&buffer, 1}), pending) == Status::kOk);
-  a.deregister(region);
-  a.deregister(region);  // twice: ignored
+  owned.reset();
+  owned.reset();  // twice: nothing
   CHECK(post_into(ab.out->isend(outgoing, 10, 1, region), request) == Status::kInvalid);
   CHECK_THAT(ab.out->last_error(), Catch::Contains("deregistered"));
   ++seed;
@@ -103,14 +105,19 @@ TEST_CASE("p2p a context's region serves all its communicators, lanes opened lat
   CHECK(check_pattern({incoming, kWritten}, seed).empty());
   CHECK(context_regions(a) == 0);
 
-  // A new region in the freed slot is a new name: the old handle stays refused.
-  const MemoryRegion again = a.register_memory(slab.data(), slab.size());
+  // A new region in the freed slot is a new name: the old handle stays refused. Moved, it is
+  // deregistered once, by its last owner going out of scope.
+  Region first = a.register_memory(slab.data(), slab.size());
+  Region again = std::move(first);
+  CHECK_FALSE(first.valid());
   CHECK(post_into(ab.out->isend(outgoing, 10, 1, region), request) == Status::kInvalid);
   ++seed;
   fill_pattern({outgoing, kEager}, seed);
-  move(*ab.out, outgoing, again, *ab.in, peer.data(), b_recv, kEager, 10);
+  const MemoryRegion slab_handle = again;
+  move(*ab.out, outgoing, slab_handle, *ab.in, peer.data(), b_recv, kEager, 10);
   CHECK(check_pattern({peer.data(), kEager}, seed).empty());
-  a.deregister(again);
+  { const Region gone = std::move(again); }
+  CHECK(post_into(ab.out->isend(outgoing, 10, 1, slab_handle), request) == Status::kInvalid);
   ab.in->deregister(b_recv);
   ba.out->deregister(b_send);
 }
