@@ -37,7 +37,15 @@ void Comm::on_peer_close(std::span<const std::byte> body) {
   close_deadline_ = std::chrono::steady_clock::now() + settings_.peer_timeout;
   util::log().debug("comm {} on lane {}: the peer closed; it finished messages below {}", id_,
                     lane_->id(), notice.complete_below);
-  if (notice.awaits_writes) send_writes_posted();
+  if (notice.awaits_writes) {
+    // The notice can come before our handshake gave us the peer's addresses (the listener
+    // accepted and closed at once): the answer waits for them (connect_peer).
+    if (peer_control_.empty()) {
+      writes_posted_owed_ = true;
+    } else {
+      send_writes_posted();
+    }
+  }
   fail_unfinished(notice, Status::kPeerError, peer_gone_);
 }
 

@@ -151,6 +151,10 @@ void Comm::connect_peer(const LaneAddresses& peer) {
     peer_control_.push_back(lane_->acquire_peer(rails.data_rails() + i, peer.control[i]));
   }
   on_peer_connected();
+  if (writes_posted_owed_) {
+    writes_posted_owed_ = false;
+    send_writes_posted();
+  }
 }
 
 MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryType type,
@@ -339,6 +343,8 @@ void Comm::on_deferred() {
 
 Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body,
                           bool confirmed) {
+  if (control_rails_ == 0) [[unlikely]]
+    return Status::kRetry;  // before connect_peer: no peer address to send to yet
   const std::size_t rail = seq % control_rails_;
   const Status status = lane_->control().send(
       rail, peer_control_[rail], static_cast<std::uint8_t>(type), peer_id_, body, confirmed);

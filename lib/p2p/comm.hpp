@@ -314,6 +314,8 @@ class Comm : public mux::CommPort {
   CommStats stats_;
   unsigned idle_polls_ = 0;
   bool deferred_ = false;  // on_deferred() is due at the lane's next progress
+  // The peer's close notice asked for our WritesPosted before we knew its addresses.
+  bool writes_posted_owed_ = false;
   // A control message the provider refused, and whether the control queues were read since.
   enum class ControlFailure : std::uint8_t { kNone, kFailed, kQueuesRead };
   ControlFailure control_failure_ = ControlFailure::kNone;
