@@ -21,23 +21,46 @@ class SharedRegions {
  public:
   explicit SharedRegions(ofi::RegistrationTable& table) noexcept : table_(&table) {}
 
-  // The entry of region {slot, generation} over [base, base + size), registered on the lane's
-  // rails now if the lane has none. Throws loom::Error (the provider refused the registration).
-  std::uint32_t acquire(std::uint32_t slot, std::uint32_t generation, const void* base,
-                        std::size_t size, MemoryType type, int device) {
+  static constexpr std::uint32_t kNone = UINT32_MAX;
+
+  // The live entry of region {slot, generation}, or kNone: the lane has not used the region
+  // yet, or the context deregistered it.
+  [[nodiscard]] std::uint32_t find(std::uint32_t slot, std::uint32_t generation) const noexcept {
     for (std::uint32_t i = 0; i < entries_.size(); ++i) {
       const Entry& e = entries_[i];
-      if (e.registration != nullptr && e.slot == slot && e.generation == generation) return i;
+      if (e.registration != nullptr && !e.dropped && e.slot == slot && e.generation == generation)
+        return i;
     }
+    return kNone;
+  }
+  // Registers region {slot, generation} over [base, base + size) on the lane's rails (find()
+  // found none). Throws loom::Error (the provider refused the registration).
+  std::uint32_t add(std::uint32_t slot, std::uint32_t generation, const std::byte* base,
+                    std::size_t size, MemoryType type, int device) {
     ofi::MemoryRegistration& registration = table_->acquire(base, size, type, device);
     std::uint32_t i = 0;
     while (i < entries_.size() && entries_[i].registration != nullptr) ++i;
     if (i == entries_.size()) entries_.emplace_back();
-    entries_[i] = Entry{.registration = &registration, .slot = slot, .generation = generation};
+    entries_[i] = Entry{.registration = &registration,
+                        .base = base,
+                        .size = size,
+                        .slot = slot,
+                        .generation = generation};
     return i;
   }
   [[nodiscard]] const ofi::MemoryRegistration& registration(std::uint32_t entry) const noexcept {
     return *entries_[entry].registration;
+  }
+  // Whether [data, data + length) lies within the region of `entry`.
+  [[nodiscard]] bool covers(std::uint32_t entry, const void* data,
+                            std::size_t length) const noexcept {
+    const Entry& e = entries_[entry];
+    auto p = static_cast<const std::byte*>(data);
+    return p >= e.base && length <= e.size &&
+           static_cast<std::size_t>(p - e.base) <= e.size - length;
+  }
+  [[nodiscard]] std::size_t size(std::uint32_t entry) const noexcept {
+    return entries_[entry].size;
   }
   // A request part uses the entry until it is retired (let_go).
   void hold(std::uint32_t entry) noexcept { ++entries_[entry].users; }
@@ -63,6 +86,8 @@ class SharedRegions {
  private:
   struct Entry {
     ofi::MemoryRegistration* registration = nullptr;  // nullptr: a free entry
+    const std::byte* base = nullptr;                  // what the context registered
+    std::size_t size = 0;
     std::uint32_t slot = 0;
     std::uint32_t generation = 0;
     std::uint32_t users = 0;

@@ -215,11 +215,10 @@ void Comm::release_slot(std::uint32_t slot) {
   free_registrations_.push_back(slot);
 }
 
-// lookup() just made the lane's entry: found again, not registered again.
+// lookup() just found or made the lane's entry: found again, not registered again.
 void Comm::hold_shared_region(Part& part, const MemoryRegion& region) noexcept {
   mux::SharedRegions& shared = lane_->shared_regions();
-  const std::uint32_t entry =
-      shared.acquire(region.slot_, region.generation_, nullptr, 0, MemoryType::kHost, 0);
+  const std::uint32_t entry = shared.find(region.slot_, region.generation_);
   shared.hold(entry);
   part.region = entry | kSharedRegion;
 }
@@ -237,33 +236,36 @@ void Comm::release_regions(Request& request) noexcept {
   }
 }
 
-// A region of the context: the lane's registration of it, made now if this is the lane's first
-// use.
+// A region of the context: the lane's registration of it. Once the lane has one, a post takes
+// only the lane lock; the context's table (and its mutex) is read at the lane's first use. A
+// deregistration drops the lanes' entries before Region::reset returns.
 const ofi::MemoryRegistration* Comm::lookup_shared(const MemoryRegion& region, const void* data,
                                                    std::size_t size) {
-  const auto found = regions_->find({region.slot_, region.generation_});
-  if (!found) [[unlikely]] {
-    reject(Status::kInvalid, "the context's memory region is deregistered");
-    return nullptr;
+  mux::SharedRegions& shared = lane_->shared_regions();
+  std::uint32_t entry = shared.find(region.slot_, region.generation_);
+  if (entry == mux::SharedRegions::kNone) [[unlikely]] {
+    const auto found = regions_->find({region.slot_, region.generation_});
+    if (!found) {
+      reject(Status::kInvalid, "the context's memory region is deregistered");
+      return nullptr;
+    }
+    try {
+      entry = shared.add(region.slot_, region.generation_, found->base, found->size, found->type,
+                         found->device);
+    } catch (const Error& e) {
+      reject(Status::kInvalid, std::string("the context's memory region could not be "
+                                           "registered on this communicator's lane: ") +
+                                   e.what());
+      return nullptr;
+    }
   }
-  auto p = static_cast<const std::byte*>(data);
-  if (p < found->base || size > found->size ||
-      static_cast<std::size_t>(p - found->base) > found->size - size) [[unlikely]] {
+  if (!shared.covers(entry, data, size)) [[unlikely]] {
     reject(Status::kInvalid, "buffer of " + std::to_string(size) +
                                  " bytes lies outside its registered region of " +
-                                 std::to_string(found->size) + " bytes");
+                                 std::to_string(shared.size(entry)) + " bytes");
     return nullptr;
   }
-  try {
-    mux::SharedRegions& shared = lane_->shared_regions();
-    return &shared.registration(shared.acquire(region.slot_, region.generation_, found->base,
-                                               found->size, found->type, found->device));
-  } catch (const Error& e) {
-    reject(Status::kInvalid, std::string("the context's memory region could not be registered "
-                                         "on this communicator's lane: ") +
-                                 e.what());
-    return nullptr;
-  }
+  return &shared.registration(entry);
 }
 
 const ofi::MemoryRegistration* Comm::lookup(const MemoryRegion& region, const void* data,
