@@ -7,3 +7,4 @@
 #include "loom/memory.hpp"
 #include "loom/p2p.hpp"
 #include "loom/process.hpp"
+#include "loom/rma.hpp"

@@ -35,6 +35,9 @@ class ListenerState;
 
 using Tag = std::uint32_t;
 
+class RmaConnector;  // loom/rma.hpp
+class RmaTarget;
+
 // Names one operation posted on one communicator (isend, irecv, iflush). A value: copy it
 // freely. It names its operation until test() or wait() reported the operation done, or the
 // communicator closed; after that it names nothing, whatever the communicator runs meanwhile,
@@ -225,6 +228,9 @@ class Listener {
   // A receive communicator for the next peer that connected, or nullptr if none yet. Never
   // blocks. Throws loom::Error if setting up the communicator fails.
   std::unique_ptr<RecvComm> accept();
+  // The one-sided target (loom/rma.hpp) for the next initiator that connected with
+  // Context::connect_rma, or nullptr if none yet. Each kind of connect waits for its own accept.
+  std::unique_ptr<RmaTarget> accept_rma();
   void close();
   [[nodiscard]] ListenerStats stats() const;
 
@@ -349,6 +355,9 @@ class Context {
 
   Listener listen();
   Connector connect(const Handle& handle);
+  // A one-sided connection (loom/rma.hpp) to the listener's context, which takes it with
+  // Listener::accept_rma.
+  RmaConnector connect_rma(const Handle& handle);
 
   // Registers memory once for every communicator of this context, those open now and those
   // made later: the region is taken wherever a MemoryRegion is (isend, RecvBuffer, iflush) on

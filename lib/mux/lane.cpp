@@ -42,7 +42,7 @@ Lane::Lane(const ofi::RailPlacement& placement, const LaneShape& shape, LaneKey 
                                    .depths = shape.depths,
                                    .mr_cache_entries = shape.mr_cache_entries});
   rails_->set_remote_write_handler(this);
-  shared_regions_ = std::make_unique<SharedRegions>(rails_->registration_table());
+  shared_regions_ = std::make_unique<SharedRegions>(ofi::registration_targets(rails_->rails()));
   auto all = rails_->rails();
   control_ = std::make_unique<ControlChannel>(all.subspan(rails_->data_rails()),
                                               static_cast<ControlSink&>(*this));

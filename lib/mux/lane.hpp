@@ -221,7 +221,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   // rails (endpoints), then communicators retired with operations outstanding.
   std::vector<std::unique_ptr<CommPort>> retired_;
   std::unique_ptr<ofi::RailSet> rails_;
-  std::unique_ptr<SharedRegions> shared_regions_;  // entries of rails_'s registration table
+  std::unique_ptr<SharedRegions> shared_regions_;  // registered on rails_, closed before them
   std::unique_ptr<ControlChannel> control_;
   std::unique_ptr<EagerPool> eager_;
   std::vector<CommId> waiting_for_credits_;

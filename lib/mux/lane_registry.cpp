@@ -249,6 +249,8 @@ RegistryStats LaneRegistry::stats() const {
                         .endpoints = lane.rails().rails().size(),
                         .registration_table = lane.rails().registration_table().stats(),
                         .shared_regions = lane.shared_regions().held(),
+                        .shared_region_registrations = lane.shared_regions().registrations(),
+                        .shared_region_bytes = lane.shared_regions().bytes(),
                         .rails = {}};
     for (ofi::Rail* rail : lane.rails().rails()) {
       ++stats.endpoints_per_nic[rail->nic().attributes().domain];

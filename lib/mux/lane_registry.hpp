@@ -54,6 +54,8 @@ struct LaneSummary {
   std::size_t endpoints;          // rails
   ofi::RegistrationTableStats registration_table;
   std::size_t shared_regions;  // the context's regions registered on this lane
+  std::size_t shared_region_registrations;  // their fid_mr objects
+  std::size_t shared_region_bytes;
   std::vector<RailSummary> rails;
 };
 

@@ -6,20 +6,30 @@
 // with the last request part on the lane that still uses it (the provider may read or write
 // through it until then). Entries are keyed by the context's {slot, generation}: a slot the
 // context reuses names a new entry while the old one drains. Everything runs under the lane lock.
+//
+// Each region has registrations of its own, not an entry of the lane's registration table shared
+// with other users of the same pages: a peer may hold its keys (one-sided descriptors), and
+// deregistering the region must revoke them whatever else registered those pages. Keys the
+// provider lets loom choose are never reused (Nic::next_requested_key), so a stale key never
+// reaches a later region.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "loom/memory.hpp"
-#include "ofi/registration_table.hpp"
+#include "ofi/memory_registration.hpp"
 
 namespace loom::mux {
 
 class SharedRegions {
  public:
-  explicit SharedRegions(ofi::RegistrationTable& table) noexcept : table_(&table) {}
+  // `targets`: the lane's rails (ofi::registration_targets), which outlive this object.
+  explicit SharedRegions(std::vector<ofi::RegistrationTarget> targets)
+      : targets_(std::move(targets)) {}
 
   static constexpr std::uint32_t kNone = UINT32_MAX;
 
@@ -37,11 +47,12 @@ class SharedRegions {
   // found none). Throws loom::Error (the provider refused the registration).
   std::uint32_t add(std::uint32_t slot, std::uint32_t generation, const std::byte* base,
                     std::size_t size, MemoryType type, int device) {
-    ofi::MemoryRegistration& registration = table_->acquire(base, size, type, device);
+    auto registration =
+        std::make_unique<ofi::MemoryRegistration>(targets_, base, size, type, device);
     std::uint32_t i = 0;
     while (i < entries_.size() && entries_[i].registration != nullptr) ++i;
     if (i == entries_.size()) entries_.emplace_back();
-    entries_[i] = Entry{.registration = &registration,
+    entries_[i] = Entry{.registration = std::move(registration),
                         .base = base,
                         .size = size,
                         .slot = slot,
@@ -62,6 +73,9 @@ class SharedRegions {
   [[nodiscard]] std::size_t size(std::uint32_t entry) const noexcept {
     return entries_[entry].size;
   }
+  [[nodiscard]] const std::byte* base(std::uint32_t entry) const noexcept {
+    return entries_[entry].base;
+  }
   // A request part uses the entry until it is retired (let_go).
   void hold(std::uint32_t entry) noexcept { ++entries_[entry].users; }
   void let_go(std::uint32_t entry) noexcept {
@@ -76,16 +90,28 @@ class SharedRegions {
       if (e.users == 0) release(e);
     }
   }
-  // Registrations this lane holds for the context's regions.
+  // Regions this lane holds registered for the context.
   [[nodiscard]] std::size_t held() const noexcept {
     std::size_t n = 0;
     for (const Entry& e : entries_) n += e.registration != nullptr ? 1 : 0;
     return n;
   }
+  // The fid_mr objects and bytes behind them.
+  [[nodiscard]] std::size_t registrations() const noexcept {
+    std::size_t n = 0;
+    for (const Entry& e : entries_)
+      n += e.registration != nullptr ? e.registration->registrations() : 0;
+    return n;
+  }
+  [[nodiscard]] std::size_t bytes() const noexcept {
+    std::size_t n = 0;
+    for (const Entry& e : entries_) n += e.registration != nullptr ? e.size : 0;
+    return n;
+  }
 
  private:
   struct Entry {
-    ofi::MemoryRegistration* registration = nullptr;  // nullptr: a free entry
+    std::unique_ptr<ofi::MemoryRegistration> registration;  // nullptr: a free entry
     const std::byte* base = nullptr;                  // what the context registered
     std::size_t size = 0;
     std::uint32_t slot = 0;
@@ -93,12 +119,10 @@ class SharedRegions {
     std::uint32_t users = 0;
     bool dropped = false;
   };
-  void release(Entry& e) noexcept {
-    table_->release(*e.registration);
-    e = Entry{};
-  }
+  // Closes the registration's fid_mr objects: from here on the provider refuses its keys.
+  static void release(Entry& e) noexcept { e = Entry{}; }
 
-  ofi::RegistrationTable* table_;
+  std::vector<ofi::RegistrationTarget> targets_;
   std::vector<Entry> entries_;  // indices are stable: parts name their entry by index
 };
 

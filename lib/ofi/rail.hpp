@@ -33,6 +33,15 @@ struct RailDepths {
   std::size_t rx = 256;
 };
 
+// How a one-sided transfer of loom's RMA connections is posted (fi_writemsg/fi_readmsg flags).
+struct RmaPost {
+  // FI_MORE: another post follows at once, so the provider may hold this one for one doorbell.
+  bool more = false;
+  // FI_DELIVERY_COMPLETE: the write completes only once its data is in the target's memory
+  // (and on shm, once the target checked its key instead of copying straight into it).
+  bool delivery_complete = false;
+};
+
 struct RailStats {
   std::uint64_t bytes_sent = 0;     // tagged and untagged sends
   std::uint64_t bytes_written = 0;  // RMA writes
@@ -130,11 +139,17 @@ class Rail {
   // A write without remote CQ data: the target learns of it only from what follows.
   Status write(Address peer, const void* buffer, std::size_t length, void* desc,
                std::uint64_t remote_address, std::uint64_t key, OpContext* op);
+  // One block of a one-sided batch (fi_writemsg with `how`'s flags).
+  Status write(Address peer, const void* buffer, std::size_t length, void* desc,
+               std::uint64_t remote_address, std::uint64_t key, RmaPost how, OpContext* op);
   // No completion, no descriptor; `length` at most the NIC's inject_size, host memory only.
   Status inject_write(Address peer, const void* buffer, std::size_t length,
                       std::uint64_t remote_address, std::uint64_t key, std::uint32_t data);
   Status read(Address peer, void* buffer, std::size_t length, void* desc,
               std::uint64_t remote_address, std::uint64_t key, OpContext* op);
+  // One block of a one-sided batch (fi_readmsg with `how`'s FI_MORE).
+  Status read(Address peer, void* buffer, std::size_t length, void* desc,
+              std::uint64_t remote_address, std::uint64_t key, RmaPost how, OpContext* op);
   // Reads up to FlushBuffer::kBytes at `address` (inside `registration`, received through this
   // rail) into this rail's flush buffer.
   Status flush(const MemoryRegistration& registration, const void* address, std::size_t length,

@@ -97,6 +97,51 @@ Status Rail::write(Address peer, const void* buffer, std::size_t length, void* d
   return Status::kOk;
 }
 
+namespace {
+std::uint64_t rma_flags(RmaPost how) noexcept {
+  return FI_COMPLETION | (how.more ? FI_MORE : 0) |
+         (how.delivery_complete ? FI_DELIVERY_COMPLETE : 0);
+}
+}  // namespace
+
+Status Rail::write(Address peer, const void* buffer, std::size_t length, void* desc,
+                   std::uint64_t remote_address, std::uint64_t key, RmaPost how, OpContext* op) {
+  iovec iov{const_cast<void*>(buffer), length};
+  fi_rma_iov remote{remote_address, length, key};
+  fi_msg_rma msg{.msg_iov = &iov,
+                 .desc = &desc,
+                 .iov_count = 1,
+                 .addr = peer,
+                 .rma_iov = &remote,
+                 .rma_iov_count = 1,
+                 .context = op,
+                 .data = 0};
+  long rc = fi_writemsg(endpoint_.get(), &msg, rma_flags(how));
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_writemsg", rc);
+  stats_.bytes_written += length;
+  return Status::kOk;
+}
+
+Status Rail::read(Address peer, void* buffer, std::size_t length, void* desc,
+                  std::uint64_t remote_address, std::uint64_t key, RmaPost how, OpContext* op) {
+  iovec iov{buffer, length};
+  fi_rma_iov remote{remote_address, length, key};
+  fi_msg_rma msg{.msg_iov = &iov,
+                 .desc = &desc,
+                 .iov_count = 1,
+                 .addr = peer,
+                 .rma_iov = &remote,
+                 .rma_iov_count = 1,
+                 .context = op,
+                 .data = 0};
+  long rc = fi_readmsg(endpoint_.get(), &msg, rma_flags({.more = how.more}));
+  if (rc != 0) [[unlikely]]
+    return post_failed("fi_readmsg", rc);
+  stats_.bytes_read += length;
+  return Status::kOk;
+}
+
 Status Rail::inject_write(Address peer, const void* buffer, std::size_t length,
                           std::uint64_t remote_address, std::uint64_t key, std::uint32_t data) {
   long rc = fi_inject_writedata(endpoint_.get(), buffer, length, data, peer, remote_address, key);

@@ -156,7 +156,8 @@ Listener Context::listen() {
 }
 
 Connector Context::connect(const Handle& handle) {
-  return Connector(std::make_shared<p2p::ConnectorState>(core_, handle));
+  return Connector(
+      std::make_shared<p2p::ConnectorState>(core_, handle, p2p::ConnectionKind::kTwoSided));
 }
 
 Region Context::register_memory(const void* data, std::size_t size, MemoryType type, int device) {
@@ -223,8 +224,10 @@ ContextStats Context::stats() const {
                                 .comms = lane.comms,
                                 .retired = lane.retired,
                                 .endpoints = lane.endpoints,
-                                .registrations = lane.registration_table.registrations,
-                                .registered_bytes = lane.registration_table.bytes,
+                                .registrations = lane.registration_table.registrations +
+                                                 lane.shared_region_registrations,
+                                .registered_bytes =
+                                    lane.registration_table.bytes + lane.shared_region_bytes,
                                 .registrations_shared = lane.registration_table.hits,
                                 .registrations_made = lane.registration_table.misses,
                                 .context_regions = lane.shared_regions,

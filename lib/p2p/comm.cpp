@@ -224,6 +224,8 @@ void Comm::hold_shared_region(Part& part, const MemoryRegion& region) noexcept {
 }
 
 void Comm::release_regions(Request& request) noexcept {
+  if (request.is_batch()) [[unlikely]]
+    return release_batch(request);
   for (std::size_t i = 0; i < request.part_count; ++i) {
     const Part& part = request.parts[i];
     if (part.registration == nullptr) continue;
@@ -239,26 +241,33 @@ void Comm::release_regions(Request& request) noexcept {
 // A region of the context: the lane's registration of it. Once the lane has one, a post takes
 // only the lane lock; the context's table (and its mutex) is read at the lane's first use. A
 // deregistration drops the lanes' entries before Region::reset returns.
+std::uint32_t Comm::shared_entry(const MemoryRegion& region) {
+  mux::SharedRegions& shared = lane_->shared_regions();
+  const std::uint32_t entry = shared.find(region.slot_, region.generation_);
+  if (entry != mux::SharedRegions::kNone) [[likely]]
+    return entry;
+  const auto found = regions_->find({region.slot_, region.generation_});
+  if (!found) {
+    reject(Status::kInvalid, "the context's memory region is deregistered");
+    return mux::SharedRegions::kNone;
+  }
+  try {
+    return shared.add(region.slot_, region.generation_, found->base, found->size, found->type,
+                      found->device);
+  } catch (const Error& e) {
+    reject(Status::kInvalid, std::string("the context's memory region could not be registered "
+                                         "on this communicator's lane: ") +
+                                 e.what());
+    return mux::SharedRegions::kNone;
+  }
+}
+
 const ofi::MemoryRegistration* Comm::lookup_shared(const MemoryRegion& region, const void* data,
                                                    std::size_t size) {
   mux::SharedRegions& shared = lane_->shared_regions();
-  std::uint32_t entry = shared.find(region.slot_, region.generation_);
-  if (entry == mux::SharedRegions::kNone) [[unlikely]] {
-    const auto found = regions_->find({region.slot_, region.generation_});
-    if (!found) {
-      reject(Status::kInvalid, "the context's memory region is deregistered");
-      return nullptr;
-    }
-    try {
-      entry = shared.add(region.slot_, region.generation_, found->base, found->size, found->type,
-                         found->device);
-    } catch (const Error& e) {
-      reject(Status::kInvalid, std::string("the context's memory region could not be "
-                                           "registered on this communicator's lane: ") +
-                                   e.what());
-      return nullptr;
-    }
-  }
+  const std::uint32_t entry = shared_entry(region);
+  if (entry == mux::SharedRegions::kNone) [[unlikely]]
+    return nullptr;
   if (!shared.covers(entry, data, size)) [[unlikely]] {
     reject(Status::kInvalid, "buffer of " + std::to_string(size) +
                                  " bytes lies outside its registered region of " +
@@ -311,6 +320,7 @@ Request* Comm::allocate(RequestKind kind) {
   if (++r.generation == 0) r.generation = 1;  // 0 is the empty handle's
   r.backpressured = false;
   r.part_count = 0;
+  r.batch = BatchState::kPosting;
   r.ops_outstanding = 0;
   r.status = Status::kOk;
   r.stripes = r.stripes_posted = r.stripes_done = 0;
@@ -503,6 +513,10 @@ CommStats Comm::stats() const {
 void Comm::fail_all(Status status, const std::string& text) {
   for (Request& r : requests_.built()) {
     if (!r.in_use() || r.decided()) continue;  // a decided request keeps its outcome
+    if (r.is_batch()) {
+      fail_batch(r, status, text);
+      continue;
+    }
     bool failed = false;
     for (std::size_t i = 0; i < r.part_count; ++i) {
       fail_part(r, r.parts[i], status);

@@ -143,6 +143,16 @@ class Comm : public mux::CommPort {
                                         std::size_t size);
   const ofi::MemoryRegistration* lookup_shared(const MemoryRegion& region, const void* data,
                                                std::size_t size);
+  // The lane's entry for the context's `region`, registered on the lane now if it had none; or
+  // SharedRegions::kNone with last_error_ saying why (deregistered, or the provider refused).
+  std::uint32_t shared_entry(const MemoryRegion& region);
+  // Whether `region` is one of the context's (Context::register_memory), and its name there.
+  [[nodiscard]] bool is_context_region(const MemoryRegion& region) const noexcept {
+    return region.owner_ == context_id_;
+  }
+  [[nodiscard]] static ContextRegions::Name name_of(const MemoryRegion& region) noexcept {
+    return {region.slot_, region.generation_};
+  }
   // Part::region of a part that holds a region of the context: the lane's entry, this bit set.
   static constexpr std::uint32_t kSharedRegion = 1u << 31;
   // `part` uses `region` (lookup() accepted it): the registration stays until the part's
@@ -166,13 +176,15 @@ class Comm : public mux::CommPort {
   [[nodiscard]] bool peer_gone() const noexcept { return peer_ != PeerState::kConnected; }
 
   // Inline: test() asks it once or twice per call. Every part is decided, and the provider
-  // holds none of the request's operations, except sends to a peer that is gone: those may
-  // never complete (shm waits for the peer to take them), and a send only reads its buffer
-  // (see RecordState::kReleased). A receive is never reported while the provider may still write
+  // holds none of the request's operations, except sends and one-sided batches to a peer that
+  // is gone: those may never complete (shm waits for the peer to take them), and a send only
+  // reads its buffer (see RecordState::kReleased; a read batch's buffers are the caveat the
+  // README's one-sided section states). A receive is never reported while the provider may still write
   // into its buffer.
   [[nodiscard]] bool finished(const Request& r) const noexcept {
     if (!r.decided()) return false;
-    return r.ops_outstanding == 0 || (r.kind == RequestKind::kSend && peer_gone());
+    return r.ops_outstanding == 0 ||
+           ((r.kind == RequestKind::kSend || r.is_batch()) && peer_gone());
   }
   // Sends a control message to the peer: kOk, or kRetry (back-pressure, or a message the
   // provider refused: see settle_control_failure). `confirmed`: see mux::ControlChannel::send.
@@ -186,6 +198,10 @@ class Comm : public mux::CommPort {
   void fail_all(Status status, const std::string& text);
   // An undecided part of `request` fails (the request's status says why).
   virtual void fail_part(Request& request, Part& part, Status status) = 0;
+  // An undecided one-sided batch fails (one-sided connections).
+  virtual void fail_batch(Request& /*request*/, Status /*status*/, const std::string& /*why*/) {}
+  // A retired one-sided batch lets go of the regions its blocks hold.
+  virtual void release_batch(Request& /*request*/) noexcept {}
   // The peer is gone (dead or unreachable): every request fails, new ones are refused.
   void peer_lost(std::string why, bool warn = true);
   // Tells the peer how far this side got when it gave up on it (`lost_notice_`).

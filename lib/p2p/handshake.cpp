@@ -1,11 +1,13 @@
 #include "p2p/handshake.hpp"
 
+#include <algorithm>
 #include <exception>
 
 #include "ofi/subnet.hpp"
 #include "p2p/bootstrap.hpp"
 #include "p2p/context_core.hpp"
 #include "p2p/recv_comm.hpp"
+#include "p2p/rma_comm.hpp"
 #include "p2p/send_comm.hpp"
 #include "util/log.hpp"
 
@@ -130,19 +132,33 @@ void ListenerState::on_refused(std::string why) {
 }
 
 std::unique_ptr<RecvComm> ListenerState::accept() {
+  std::unique_ptr<Comm> comm = accept_kind(ConnectionKind::kTwoSided);
+  return comm ? std::make_unique<RecvComm>(CommKey(), core_, std::move(comm)) : nullptr;
+}
+
+std::unique_ptr<RmaTarget> ListenerState::accept_rma() {
+  std::unique_ptr<Comm> comm = accept_kind(ConnectionKind::kOneSided);
+  return comm ? std::make_unique<RmaTarget>(CommKey(), core_, std::move(comm)) : nullptr;
+}
+
+std::unique_ptr<Comm> ListenerState::accept_kind(ConnectionKind kind) {
   Bootstrap& bootstrap = core_->bootstrap();
   std::lock_guard lock(bootstrap.mutex());
   if (closed_) throw Error("accept", core_->provider(), 0, "the listener is closed");
   bootstrap.progress();
-  if (pending_.empty()) return nullptr;
-  ConnectMessage message = std::move(pending_.front());
-  pending_.pop_front();
+  auto it = std::find_if(pending_.begin(), pending_.end(),
+                         [kind](const ConnectMessage& m) { return m.kind == kind; });
+  if (it == pending_.end()) return nullptr;
+  ConnectMessage message = std::move(*it);
+  pending_.erase(it);
   std::unique_ptr<Comm> comm;
   try {
     mux::Lane& lane =
         core_->lanes().join(message.context, mux::Direction::kRecv,
                             placement_facing(core_->nics(), core_->lanes(), message.lane));
-    comm = make_comm<RecvCommImpl>(*core_, lane, message.context);
+    comm = kind == ConnectionKind::kTwoSided
+               ? make_comm<RecvCommImpl>(*core_, lane, message.context)
+               : make_comm<RmaTargetImpl>(*core_, lane, message.context);
     comm->connect_peer(message.lane);
     AcceptMessage accept{
         .connect_id = message.connect_id, .context = core_->id(), .lane = comm->local_addresses()};
@@ -156,21 +172,23 @@ std::unique_ptr<RecvComm> ListenerState::accept() {
     throw;
   }
   ++stats_.accepted;
-  return std::make_unique<RecvComm>(CommKey(), core_, std::move(comm));
+  return comm;
 }
 
 // ---- connector ----
 
-ConnectorState::ConnectorState(std::shared_ptr<ContextCore> core, const Handle& handle)
+ConnectorState::ConnectorState(std::shared_ptr<ContextCore> core, const Handle& handle,
+                               ConnectionKind kind)
     : core_(std::move(core)),
+      kind_(kind),
       deadline_(std::chrono::steady_clock::now() +
                 std::chrono::milliseconds(core_->config().connect_timeout_ms)) {
   if (const char* why = decode_handle(handle.view(), target_)) {
     throw Error("connect", core_->provider(), 0, std::string("bad handle: ") + why);
   }
   route_ = route_to(core_->nics(), core_->lanes(), target_.addresses);
-  util::log().info("connect to listener {} of context {:x}: {}", target_.listener, target_.context,
-                   route_.description);
+  util::log().info("{} connect to listener {} of context {:x}: {}", to_string(kind_),
+                   target_.listener, target_.context, route_.description);
   std::lock_guard lock(core_->bootstrap().mutex());
   id_ = core_->bootstrap().add_connector(*this);
 }
@@ -183,6 +201,16 @@ ConnectorState::~ConnectorState() {
 }
 
 std::unique_ptr<SendComm> ConnectorState::poll() {
+  std::unique_ptr<Comm> comm = poll_comm();
+  return comm ? std::make_unique<SendComm>(CommKey(), core_, std::move(comm)) : nullptr;
+}
+
+std::unique_ptr<RmaInitiator> ConnectorState::poll_rma() {
+  std::unique_ptr<Comm> comm = poll_comm();
+  return comm ? std::make_unique<RmaInitiator>(CommKey(), core_, std::move(comm)) : nullptr;
+}
+
+std::unique_ptr<Comm> ConnectorState::poll_comm() {
   if (stage_ == Stage::kFailed) throw *failure_;
   if (stage_ == Stage::kConnected) return nullptr;
   Bootstrap& bootstrap = core_->bootstrap();
@@ -199,7 +227,9 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
     try {
       mux::Lane& lane =
           core_->lanes().join(target_.context, mux::Direction::kSend, route_.placement);
-      comm_ = make_comm<SendCommImpl>(*core_, lane, target_.context);
+      comm_ = kind_ == ConnectionKind::kTwoSided
+                  ? make_comm<SendCommImpl>(*core_, lane, target_.context)
+                  : make_comm<RmaInitiatorImpl>(*core_, lane, target_.context);
       const std::span<const std::byte> listener = target_.addresses[route_.address];
       // The answer comes back to the bootstrap rail the connect leaves from.
       auto reply_to = bootstrap.address(bootstrap.rail_for(listener));
@@ -207,6 +237,7 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
                              .nonce = target_.nonce,
                              .context = core_->id(),
                              .connect_id = id_,
+                             .kind = kind_,
                              .reply_to = {reply_to.begin(), reply_to.end()},
                              .lane = comm_->local_addresses()};
       std::byte body[kHandshakeBytes];
@@ -234,7 +265,7 @@ std::unique_ptr<SendComm> ConnectorState::poll() {
   if (const auto* accept = std::get_if<AcceptMessage>(&answer_)) {
     comm_->connect_peer(accept->lane);
     stage_ = Stage::kConnected;
-    return std::make_unique<SendComm>(CommKey(), core_, std::move(comm_));
+    return std::move(comm_);
   }
   if (std::chrono::steady_clock::now() > deadline_) {
     fail(ETIMEDOUT, "no answer from the listener within LOOM_CONNECT_TIMEOUT_MS (" +

@@ -15,6 +15,7 @@
 #include <variant>
 
 #include "loom/p2p.hpp"
+#include "loom/rma.hpp"
 #include "p2p/messages.hpp"
 #include "p2p/route.hpp"
 
@@ -30,7 +31,9 @@ class ListenerState {
   ~ListenerState();
 
   [[nodiscard]] const Handle& handle() const noexcept { return handle_; }
+  // The next connect of each kind (ConnectionKind), or nullptr.
   std::unique_ptr<RecvComm> accept();
+  std::unique_ptr<RmaTarget> accept_rma();
   void close();
   [[nodiscard]] ListenerStats stats() const;
 
@@ -40,6 +43,10 @@ class ListenerState {
   [[nodiscard]] std::uint64_t nonce() const noexcept { return nonce_; }
 
  private:
+  // Joins the lane for the oldest pending connect of `kind`, answers it, and gives the
+  // communicator (nullptr when none is pending). The bootstrap mutex is held.
+  std::unique_ptr<Comm> accept_kind(ConnectionKind kind);
+
   std::shared_ptr<ContextCore> core_;
   std::uint32_t id_ = 0;
   std::uint64_t nonce_ = 0;
@@ -51,10 +58,12 @@ class ListenerState {
 
 class ConnectorState {
  public:
-  ConnectorState(std::shared_ptr<ContextCore> core, const Handle& handle);
+  ConnectorState(std::shared_ptr<ContextCore> core, const Handle& handle, ConnectionKind kind);
   ~ConnectorState();
 
+  // The connection once accepted: poll() for a two-sided connector, poll_rma() for a one-sided.
   std::unique_ptr<SendComm> poll();
+  std::unique_ptr<RmaInitiator> poll_rma();
 
   // From the bootstrap endpoint (its mutex held): the listener's answer, or the provider's
   // word that the connect could not be sent. The first one counts.
@@ -75,7 +84,11 @@ class ConnectorState {
     if (std::holds_alternative<std::monostate>(answer_)) answer_ = std::forward<T>(what);
   }
 
+  // The communicator once the listener accepted, nullptr before.
+  std::unique_ptr<Comm> poll_comm();
+
   std::shared_ptr<ContextCore> core_;
+  ConnectionKind kind_;
   HandleData target_;
   Route route_;
   std::uint32_t id_ = 0;

@@ -142,6 +142,7 @@ std::size_t encode_connect(const ConnectMessage& m, std::span<std::byte> out) {
   w.u64(m.nonce);
   w.u64(m.context);
   w.u32(m.connect_id);
+  w.u8(static_cast<std::uint8_t>(m.kind));
   put_address(w, m.reply_to);
   put_lane(w, m.lane);
   return finish(w);
@@ -155,7 +156,11 @@ const char* decode_connect(std::span<const std::byte> in, ConnectMessage& out) {
   out.nonce = r.u64();
   out.context = r.u64();
   out.connect_id = r.u32();
+  const std::uint8_t kind = r.u8();
   if (!r.ok()) return "connect message truncated";
+  if (kind > static_cast<std::uint8_t>(ConnectionKind::kOneSided))
+    return "connect message: unknown connection kind";
+  out.kind = static_cast<ConnectionKind>(kind);
   if (!get_address(r, out.reply_to)) return "connect message: bad reply address";
   if (const char* why = get_lane(r, out.lane)) return why;
   if (!r.done()) return "connect message has trailing bytes";
@@ -243,6 +248,32 @@ const char* decode_close(std::span<const std::byte> in, CloseNotice& out) {
   out.finished_bits.fill(0);
   std::memcpy(out.finished_bits.data(), bits.data(), bits.size());
   if (!close_bits_fit(out)) return "close notice: bits set past its span";
+  return nullptr;
+}
+
+const char* to_string(ConnectionKind kind) {
+  return kind == ConnectionKind::kOneSided ? "one-sided" : "two-sided";
+}
+
+std::size_t encode_notify(const Notify& m, std::span<std::byte> out) {
+  WireWriter w(out);
+  w.u32(m.seq);
+  w.u64(m.tag);
+  w.u64(m.value);
+  w.u32(m.blocks);
+  w.u64(m.bytes);
+  return finish(w);
+}
+
+const char* decode_notify(std::span<const std::byte> in, Notify& out) {
+  WireReader r(in);
+  out.seq = r.u32();
+  out.tag = r.u64();
+  out.value = r.u64();
+  out.blocks = r.u32();
+  out.bytes = r.u64();
+  if (!r.ok()) return "notification truncated";
+  if (!r.done()) return "notification has trailing bytes";
   return nullptr;
 }
 

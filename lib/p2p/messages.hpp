@@ -30,6 +30,8 @@ enum class MessageType : std::uint8_t {
   kPing = 19,          // either way, while requests wait on the peer: are you there? (a Ping)
   kPong = 20,          // the answer (sent by the lane's progress, whatever the peer is doing)
   kWritesPosted = 21,  // sender -> receiver, answering its close notice (a WritesPosted)
+  // One-sided connections (p2p/rma_comm.hpp)
+  kNotify = 22,  // initiator -> target: a write batch landed (a Notify)
 };
 
 inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"
@@ -65,6 +67,12 @@ struct LaneAddresses {
   std::vector<EndpointName> control;
 };
 
+// What a connect asks the listener for: a two-sided pair (SendComm here, RecvComm there) or a
+// one-sided one (RmaInitiator here, RmaTarget there). Listener::accept and accept_rma each take
+// their own kind.
+enum class ConnectionKind : std::uint8_t { kTwoSided = 0, kOneSided = 1 };
+const char* to_string(ConnectionKind kind);
+
 struct ConnectMessage {
   std::uint32_t magic = kHandleMagic;  // echoed from the handle
   std::uint8_t version = kProtocolVersion;
@@ -72,6 +80,7 @@ struct ConnectMessage {
   std::uint64_t nonce = 0;
   std::uint64_t context = 0;  // the connector's context id
   std::uint32_t connect_id = 0;
+  ConnectionKind kind = ConnectionKind::kTwoSided;
   EndpointName reply_to;  // the connector's bootstrap address
   LaneAddresses lane;
 };
@@ -268,6 +277,20 @@ inline constexpr std::size_t kPingAwaitingBytes = 4;
 // 0 bytes (nothing awaiting) or kPingAwaitingBytes.
 std::size_t encode_ping(const Ping& message, std::span<std::byte> out);
 const char* decode_ping(std::span<const std::byte> in, Ping& out);
+
+// An initiator's word that a write batch landed in the target's memory (every write of it
+// completed delivery-complete before this was sent): numbered per connection from 0, so that the
+// target hands them out in post order whichever control rail each came by.
+struct Notify {
+  std::uint32_t seq = 0;
+  std::uint64_t tag = 0;
+  std::uint64_t value = 0;
+  std::uint32_t blocks = 0;
+  std::uint64_t bytes = 0;
+};
+inline constexpr std::size_t kNotifyBytes = 4 + 8 + 8 + 4 + 8;
+std::size_t encode_notify(const Notify& message, std::span<std::byte> out);
+const char* decode_notify(std::span<const std::byte> in, Notify& out);
 
 // 0 for a span above kCloseWindow or bits set beyond it.
 std::size_t encode_close(const CloseNotice& message, std::span<std::byte> out);

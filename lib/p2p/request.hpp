@@ -47,7 +47,19 @@ constexpr std::size_t max_message_size(std::size_t max_msg_size) noexcept {
 static_assert(max_message_size(65536) == 8 * (65536 - 7) && max_message_size(SIZE_MAX) == SIZE_MAX);
 inline constexpr std::size_t kMaxOps = kMaxParts;
 
-enum class RequestKind : std::uint8_t { kSend, kRecv, kFlush };
+// kWrite and kRead: a one-sided batch (p2p/rma_comm.hpp); it has no parts, its blocks' provider
+// operations use its connection's op contexts, and BatchState says where it is.
+enum class RequestKind : std::uint8_t { kSend, kRecv, kFlush, kWrite, kRead };
+
+// A one-sided batch: kPosting (blocks still to hand to the provider) -> kCompleting (all handed
+// over) -> kNotifying (a write batch with a notification: every block completed, the
+// notification waits for its turn or the provider) -> kDone. Any of them -> kFailed.
+enum class BatchState : std::uint8_t { kPosting, kCompleting, kNotifying, kDone, kFailed };
+
+constexpr std::string_view to_string(BatchState s) {
+  constexpr std::string_view kNames[] = {"posting", "completing", "notifying", "done", "failed"};
+  return kNames[static_cast<unsigned>(s)];
+}
 
 // kFree: in the pool. kPending: posted, and not yet reported done to the user. kReleased:
 // reported done while the provider still held operations of it (the peer is gone, and they may
@@ -110,7 +122,9 @@ struct Request final : ofi::CompletionHandler {
   RecordState record = RecordState::kFree;
   bool backpressured = false;  // in the communicator's retry list
   std::uint8_t part_count = 0;
-  std::uint8_t ops_outstanding = 0;
+  BatchState batch = BatchState::kPosting;  // kWrite and kRead
+  // Provider operations of the request not completed yet (a batch's: up to kMaxRmaOpsInFlight).
+  std::uint16_t ops_outstanding = 0;
   Status status = Status::kOk;
   // Sends: the writes that carry a rendezvous message, and its ready-to-send.
   std::uint8_t stripes = 0;
@@ -154,8 +168,17 @@ struct Request final : ofi::CompletionHandler {
       error = std::move(text);
     }
   }
-  // Every part reached kDone or kFailed.
+  [[nodiscard]] bool is_batch() const noexcept {
+    return kind == RequestKind::kWrite || kind == RequestKind::kRead;
+  }
+  void to(BatchState next) noexcept {
+    trace_transition("batch", generation, batch, next);
+    batch = next;
+  }
+  // Every part reached kDone or kFailed (a batch: it did).
   [[nodiscard]] bool decided() const noexcept {
+    if (is_batch()) [[unlikely]]
+      return batch == BatchState::kDone || batch == BatchState::kFailed;
     for (std::size_t i = 0; i < part_count; ++i) {
       if (kind == RequestKind::kSend ? !terminal(parts[i].send) : !terminal(parts[i].recv))
         return false;
