@@ -73,6 +73,18 @@ struct Notification {
   std::uint64_t bytes = 0;
 };
 
+// How a write batch's notification is made to follow its bytes.
+enum class NotifyProtocol : std::uint8_t {
+  // Every write delivery-complete; the notification is a control message sent once all of them
+  // completed. The target spends nothing per block. loom's protocol.
+  kAfterCompletion = 0,
+  // Every block carries remote CQ data naming the batch, the notification (sent at once) the
+  // block count, and the target hands it out once it counted that many: the protocol of NIXL's
+  // libfabric backend, a completion per block at the target. For comparison (fi_p2p_bw
+  // --notify-protocol cq-data); needs remote CQ data (all of loom's providers have it).
+  kCountedCqData = 1,
+};
+
 struct RmaStats {
   std::uint64_t batches = 0;  // completed
   std::uint64_t blocks = 0;
@@ -102,7 +114,8 @@ class RmaInitiator {
   // batch, a block outside its local region or remote descriptor, a region of another context,
   // a forgotten or deregistered region, a closed connection. kPeerError: the target is gone.
   Posted write(std::span<const RmaBlock> blocks,
-               std::optional<Notification> notification = std::nullopt);
+               std::optional<Notification> notification = std::nullopt,
+               NotifyProtocol protocol = NotifyProtocol::kAfterCompletion);
   Posted read(std::span<const RmaBlock> blocks);
 
   // As Communicator::test and wait. A batch is kOk once every block completed (and its

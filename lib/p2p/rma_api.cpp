@@ -37,11 +37,11 @@ void RmaInitiator::forget(RemoteRegion region) {
 }
 
 Posted RmaInitiator::write(std::span<const RmaBlock> blocks,
-                           std::optional<Notification> notification) {
+                           std::optional<Notification> notification, NotifyProtocol protocol) {
   if (!comm_) return {Status::kInvalid, {}};
   p2p::Request* request = nullptr;
   const Status status =
-      initiator(comm_).post(p2p::RequestKind::kWrite, blocks, notification, request);
+      initiator(comm_).post(p2p::RequestKind::kWrite, blocks, notification, request, protocol);
   return {status, status == Status::kOk ? comm_->handle_of(*request) : Request{}};
 }
 
@@ -49,7 +49,8 @@ Posted RmaInitiator::read(std::span<const RmaBlock> blocks) {
   if (!comm_) return {Status::kInvalid, {}};
   p2p::Request* request = nullptr;
   const Status status =
-      initiator(comm_).post(p2p::RequestKind::kRead, blocks, std::nullopt, request);
+      initiator(comm_).post(p2p::RequestKind::kRead, blocks, std::nullopt, request,
+                            NotifyProtocol::kAfterCompletion);
   return {status, status == Status::kOk ? comm_->handle_of(*request) : Request{}};
 }
 

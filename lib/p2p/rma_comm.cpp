@@ -68,12 +68,16 @@ void RmaInitiatorImpl::forget(const loom::RemoteRegion& region) {
 
 Status RmaInitiatorImpl::post(RequestKind kind, std::span<const RmaBlock> blocks,
                               const std::optional<Notification>& notification,
-                              Request*& request) {
+                              Request*& request, NotifyProtocol protocol) {
   const char* operation = kind == RequestKind::kWrite ? "write" : "read";
   std::lock_guard lock(lane_->lock());
   if (closed_) return reject(Status::kInvalid, std::string(operation) + ": connection closed");
   if (peer_gone()) return reject(Status::kPeerError, std::string(operation) + ": " + peer_gone_);
   if (blocks.empty()) return reject(Status::kInvalid, std::string(operation) + ": empty batch");
+  if (protocol != NotifyProtocol::kAfterCompletion) {
+    return reject(Status::kInvalid,
+                  std::string(operation) + ": the counted CQ data protocol is not built yet");
+  }
   Request* r = allocate(kind);
   if (r == nullptr) [[unlikely]] {
     return reject(Status::kRetry, std::string(operation) + ": " +

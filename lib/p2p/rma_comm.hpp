@@ -33,7 +33,8 @@ class RmaInitiatorImpl final : public Comm, ofi::CompletionHandler {
   void forget(const loom::RemoteRegion& region);
   // RequestKind kWrite or kRead; see loom::RmaInitiator::write.
   Status post(RequestKind kind, std::span<const RmaBlock> blocks,
-              const std::optional<Notification>& notification, Request*& request);
+              const std::optional<Notification>& notification, Request*& request,
+              NotifyProtocol protocol);
   [[nodiscard]] RmaStats rma_stats() const;
 
   void on_op(Request& /*request*/, std::size_t /*index*/,
