@@ -77,6 +77,18 @@ Lane::~Lane() {
   util::log().debug("lane {} closed", id_);
 }
 
+bool Lane::revoke_region(std::uint32_t slot, std::uint32_t generation) {
+  bool waits = false;
+  for (const Slot& s : slots_)
+    if (s.port != nullptr) waits = s.port->revoke_region(slot, generation) || waits;
+  return waits;
+}
+
+bool Lane::revoking() const noexcept {
+  return std::any_of(slots_.begin(), slots_.end(),
+                     [](const Slot& s) { return s.port != nullptr && s.port->revoking(); });
+}
+
 CommId Lane::attach(CommPort& port) {
   if (attached_ == slots_.size()) {
     if (slots_.size() == kMaxComms) {

@@ -81,6 +81,12 @@ class CommPort {
   // Retired, and its lane closing: its registrations (held for the operations still out) go
   // with the lane's registration cache, not one by one.
   virtual void abandon_registrations() noexcept = 0;
+  // The context is deregistering its region {slot, generation}, which this lane holds: a
+  // one-sided target tells its initiator, which may hold the region's keys. True when the
+  // communicator then waits for the answer (revoking()).
+  virtual bool revoke_region(std::uint32_t /*slot*/, std::uint32_t /*generation*/) { return false; }
+  // Whether an answer to revoke_region is still awaited from a peer that can give it.
+  [[nodiscard]] virtual bool revoking() const noexcept { return false; }
 };
 
 struct LaneStats {
@@ -107,6 +113,10 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
   [[nodiscard]] ofi::RailSet& rails() noexcept { return *rails_; }
   [[nodiscard]] ControlChannel& control() noexcept { return *control_; }
+  // Asks every attached communicator to revoke region {slot, generation} (CommPort::
+  // revoke_region); true when some wait for answers, until revoking() turns false.
+  bool revoke_region(std::uint32_t slot, std::uint32_t generation);
+  [[nodiscard]] bool revoking() const noexcept;
   // The context's regions as this lane holds them (mux/shared_regions.hpp).
   [[nodiscard]] SharedRegions& shared_regions() noexcept { return *shared_regions_; }
   // Held by a communicator for every call it makes; completions are dispatched under it.

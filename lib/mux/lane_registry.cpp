@@ -1,6 +1,7 @@
 #include "mux/lane_registry.hpp"
 
 #include <algorithm>
+#include <thread>
 
 #include "ofi/nic.hpp"
 #include "util/log.hpp"
@@ -222,14 +223,36 @@ void LaneRegistry::post_carried(std::uint64_t lane, std::span<const std::byte> m
   }
 }
 
-void LaneRegistry::drop_shared_region(std::uint32_t slot, std::uint32_t generation) {
+void LaneRegistry::drop_shared_region(std::uint32_t slot, std::uint32_t generation,
+                                      std::chrono::milliseconds revoke_timeout) {
   std::lock_guard lock(mutex_);
-  auto drop = [&](Lane& lane) {
-    std::lock_guard lane_lock(lane.lock());
-    lane.shared_regions().drop(slot, generation);
-  };
-  for (auto& [key, entry] : lanes_) drop(*entry.lane);
-  for (Closing& closing : closing_) drop(*closing.lane);
+  std::vector<Lane*> lanes;
+  for (auto& [key, entry] : lanes_) lanes.push_back(entry.lane.get());
+  for (Closing& closing : closing_) lanes.push_back(closing.lane.get());
+  std::vector<Lane*> revoking;
+  for (Lane* lane : lanes) {
+    std::lock_guard lane_lock(lane->lock());
+    if (lane->shared_regions().find(slot, generation) == SharedRegions::kNone) continue;
+    if (lane->revoke_region(slot, generation)) revoking.push_back(lane);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + revoke_timeout;
+  while (!revoking.empty() && std::chrono::steady_clock::now() < deadline) {
+    std::erase_if(revoking, [](Lane* lane) {
+      std::lock_guard lane_lock(lane->lock());
+      lane->progress();
+      return !lane->revoking();
+    });
+    std::this_thread::yield();
+  }
+  if (!revoking.empty()) {
+    util::log().warn("region {}: {} lane(s) still wait for initiators to confirm its revocation "
+                     "after {} ms; its keys close now",
+                     slot, revoking.size(), revoke_timeout.count());
+  }
+  for (Lane* lane : lanes) {
+    std::lock_guard lane_lock(lane->lock());
+    lane->shared_regions().drop(slot, generation);
+  }
 }
 
 RegistryStats LaneRegistry::stats() const {

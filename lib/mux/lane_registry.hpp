@@ -86,8 +86,12 @@ class LaneRegistry {
   void leave(Lane& lane, std::uint64_t peer);
 
   // The context deregistered its region {slot, generation}: every lane, closing ones included,
-  // lets go of its registration (at once, or with the last request part that uses it).
-  void drop_shared_region(std::uint32_t slot, std::uint32_t generation);
+  // lets go of its registration (at once, or with the last request part that uses it). First
+  // the one-sided targets on lanes that hold it tell their initiators, and this waits (up to
+  // `revoke_timeout`, progressing those lanes) until each answered that it will write no more
+  // into it: only then do the keys close, so that no provider has to check them.
+  void drop_shared_region(std::uint32_t slot, std::uint32_t generation,
+                          std::chrono::milliseconds revoke_timeout);
 
   // Progresses one lane other than `busy`, round robin, if neither the registry nor that lane
   // is held by another thread. With manual progress a peer's request can depend on any of our

@@ -98,7 +98,8 @@ MemoryRegion ContextCore::register_region(const void* data, std::size_t size, Me
 void ContextCore::deregister_region(const MemoryRegion& region) noexcept {
   if (region.owner_ != id_) return;
   if (!regions_.remove({region.slot_, region.generation_})) return;
-  lanes_->drop_shared_region(region.slot_, region.generation_);
+  lanes_->drop_shared_region(region.slot_, region.generation_,
+                             std::chrono::milliseconds(config_.peer_timeout_ms));
 }
 
 const std::string& ContextCore::provider() const noexcept {

@@ -277,6 +277,28 @@ const char* decode_notify(std::span<const std::byte> in, Notify& out) {
   return nullptr;
 }
 
+std::size_t encode_region_note(const RegionNote& m, std::span<std::byte> out) {
+  WireWriter w(out);
+  w.u32(m.seq);
+  w.u32(m.slot);
+  w.u32(m.generation);
+  w.u8(m.live ? 1 : 0);
+  return finish(w);
+}
+
+const char* decode_region_note(std::span<const std::byte> in, RegionNote& out) {
+  WireReader r(in);
+  out.seq = r.u32();
+  out.slot = r.u32();
+  out.generation = r.u32();
+  const std::uint8_t live = r.u8();
+  if (!r.ok()) return "region note truncated";
+  if (!r.done()) return "region note has trailing bytes";
+  if (live > 1) return "region note: bad live flag";
+  out.live = live == 1;
+  return nullptr;
+}
+
 std::size_t encode_writes_posted(const WritesPosted& m, std::span<std::byte> out) {
   WireWriter w(out);
   w.u32(m.writes);

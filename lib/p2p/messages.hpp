@@ -32,6 +32,12 @@ enum class MessageType : std::uint8_t {
   kWritesPosted = 21,  // sender -> receiver, answering its close notice (a WritesPosted)
   // One-sided connections (p2p/rma_comm.hpp)
   kNotify = 22,  // initiator -> target: a write batch landed (a Notify)
+  // The target's region notes (a RegionNote each), always on control rail 0 so that they keep
+  // their order: an answer that a region is live never overtakes its revocation.
+  kRevoke = 23,        // target -> initiator: the region is being deregistered
+  kRevoked = 24,       // initiator -> target: nothing of ours writes into it any more
+  kRegionQuery = 25,   // initiator -> target, importing a descriptor: is the region live?
+  kRegionAnswer = 26,  // target -> initiator
 };
 
 inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"
@@ -291,6 +297,19 @@ struct Notify {
 inline constexpr std::size_t kNotifyBytes = 4 + 8 + 8 + 4 + 8;
 std::size_t encode_notify(const Notify& message, std::span<std::byte> out);
 const char* decode_notify(std::span<const std::byte> in, Notify& out);
+
+// What the target and initiator tell each other about one of the target's regions: `seq` pairs
+// an answer with its question (kRevoke/kRevoked, kRegionQuery/kRegionAnswer); `live` is the
+// answer's.
+struct RegionNote {
+  std::uint32_t seq = 0;
+  std::uint32_t slot = 0;
+  std::uint32_t generation = 0;
+  bool live = false;
+};
+inline constexpr std::size_t kRegionNoteBytes = 4 + 4 + 4 + 1;
+std::size_t encode_region_note(const RegionNote& message, std::span<std::byte> out);
+const char* decode_region_note(std::span<const std::byte> in, RegionNote& out);
 
 // 0 for a span above kCloseWindow or bits set beyond it.
 std::size_t encode_close(const CloseNotice& message, std::span<std::byte> out);

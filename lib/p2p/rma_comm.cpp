@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "ofi/memory_registration.hpp"
 #include "p2p/context_core.hpp"
@@ -12,10 +13,36 @@
 
 namespace loom::p2p {
 
+// ---- both ends ----
+
+void RmaComm::send_note(MessageType type, const RegionNote& note) {
+  if (notes_out_.empty()) {
+    std::byte body[kRegionNoteBytes];
+    const Status status = send_control(type, 0, {body, encode_region_note(note, body)}, true);
+    if (status != Status::kRetry) return;  // sent, or the peer is unreachable (liveness says)
+  }
+  notes_out_.emplace_back(type, note);
+  defer();
+}
+
+void RmaComm::on_deferred() {
+  Comm::on_deferred();
+  std::size_t sent = 0;
+  for (; sent < notes_out_.size() && !peer_gone(); ++sent) {
+    const auto& [type, note] = notes_out_[sent];
+    std::byte body[kRegionNoteBytes];
+    if (send_control(type, 0, {body, encode_region_note(note, body)}, true) == Status::kRetry) {
+      defer();
+      break;
+    }
+  }
+  notes_out_.erase(notes_out_.begin(), notes_out_.begin() + static_cast<std::ptrdiff_t>(sent));
+}
+
 // ---- initiator ----
 
 RmaInitiatorImpl::RmaInitiatorImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
-    : Comm(core, lane, mux::Direction::kSend, peer),
+    : RmaComm(core, lane, mux::Direction::kSend, peer),
       batches_(kMaxRequests),
       ops_(kMaxRmaOpsInFlight),
       op_owner_(kMaxRmaOpsInFlight, nullptr) {
@@ -38,6 +65,33 @@ loom::RemoteRegion RmaInitiatorImpl::import_region(std::span<const std::byte> by
   if (why == nullptr && descriptor.rails < data_rails_)
     why = "a region descriptor with fewer keys than the connection has data rails";
   if (why != nullptr) throw Error("import region", settings_.provider, 0, why);
+  // Whether the region is still live there: a stale descriptor's keys are closed, and what a
+  // provider does with a write through a closed key ranges from an error to silence.
+  if (peer_gone()) throw Error("import region", settings_.provider, 0, peer_gone_);
+  const RegionNote query{.seq = next_query_++,
+                         .slot = descriptor.slot,
+                         .generation = descriptor.generation,
+                         .live = false};
+  answer_.reset();
+  send_note(MessageType::kRegionQuery, query);
+  const auto deadline = std::chrono::steady_clock::now() + settings_.peer_timeout;
+  while (!(answer_ && answer_->seq == query.seq) && !peer_gone() &&
+         std::chrono::steady_clock::now() < deadline) {
+    lane_->progress();
+    lane_->lock().unlock();
+    std::this_thread::yield();
+    lane_->lock().lock();
+  }
+  if (!(answer_ && answer_->seq == query.seq)) {
+    throw Error("import region", settings_.provider, ETIMEDOUT,
+                peer_gone() ? peer_gone_
+                            : "the target did not answer whether the region is live within "
+                              "LOOM_PEER_TIMEOUT_MS");
+  }
+  if (!answer_->live) {
+    throw Error("import region", settings_.provider, 0,
+                "a stale region descriptor: the target deregistered the region");
+  }
   std::uint32_t slot;
   if (free_imported_.empty()) {
     slot = static_cast<std::uint32_t>(imported_.size());
@@ -49,6 +103,7 @@ loom::RemoteRegion RmaInitiatorImpl::import_region(std::span<const std::byte> by
   Imported& entry = imported_[slot];
   entry.descriptor = descriptor;
   entry.live = true;
+  entry.revoked = false;
   if (++entry.generation == 0) entry.generation = 1;
   loom::RemoteRegion region;
   region.owner_ = serial_;
@@ -109,6 +164,7 @@ bool RmaInitiatorImpl::plan(Request& r, std::span<const RmaBlock> blocks) {
   Batch& batch = batch_of(r);
   batch.pieces.clear();
   batch.held.clear();
+  batch.targets.clear();
   batch.next = 0;
   batch.notification.reset();
   batch.blocks = static_cast<std::uint32_t>(blocks.size());
@@ -146,6 +202,9 @@ bool RmaInitiatorImpl::plan(Request& r, std::span<const RmaBlock> blocks) {
                                                   : "a remote region this connection forgot");
     }
     const RegionDescriptor& d = imported_[remote.slot_].descriptor;
+    if (imported_[remote.slot_].revoked) {
+      return refuse(i, "the target deregistered the remote region (its keys are revoked)");
+    }
     if (!d.covers(block.remote_offset, block.length)) {
       return refuse(i, "[" + std::to_string(block.remote_offset) + ", +" +
                            std::to_string(block.length) + ") lies outside the remote region of " +
@@ -153,6 +212,12 @@ bool RmaInitiatorImpl::plan(Request& r, std::span<const RmaBlock> blocks) {
     }
     shared.hold(entry);
     batch.held.push_back(entry);
+    const ContextRegions::Name target{d.slot, d.generation};
+    if (std::none_of(batch.targets.begin(), batch.targets.end(), [&](const auto& t) {
+          return t.slot == target.slot && t.generation == target.generation;
+        })) {
+      batch.targets.push_back(target);
+    }
     const ofi::MemoryRegistration& registration = shared.registration(entry);
     std::byte* local = const_cast<std::byte*>(shared.base(entry)) + block.local_offset;
     const std::uint64_t remote_address = d.address + block.remote_offset;
@@ -237,6 +302,8 @@ void RmaInitiatorImpl::on_completion(ofi::OpContext& context, const ofi::Complet
     release_regions(r);
   post_pending();
   if (writes_posted_owed_) answer_writes_posted();
+  if (!revocations_.empty()) [[unlikely]]
+    answer_revocations();
 }
 
 void RmaInitiatorImpl::settle(Request& r) {
@@ -300,7 +367,7 @@ void RmaInitiatorImpl::advance(Request& /*request*/) {
 }
 
 void RmaInitiatorImpl::on_deferred() {
-  Comm::on_deferred();
+  RmaComm::on_deferred();
   if (writes_posted_owed_) answer_writes_posted();
 }
 
@@ -321,12 +388,74 @@ void RmaInitiatorImpl::release_batch(Request& r) noexcept {
 void RmaInitiatorImpl::on_control(const mux::ControlHeader& header,
                                   std::span<const std::byte> body) {
   if (on_liveness(header, body)) return;
-  if (static_cast<MessageType>(header.type) == MessageType::kClose) {
+  const auto type = static_cast<MessageType>(header.type);
+  if (type == MessageType::kClose) {
     on_peer_close(body);
+    return;
+  }
+  if (type == MessageType::kRevoke || type == MessageType::kRegionAnswer) {
+    RegionNote note;
+    if (const char* why = decode_region_note(body, note)) [[unlikely]] {
+      util::log().warn("rma initiator {} on lane {}: {}; dropped", id_, lane_->id(), why);
+      return;
+    }
+    if (type == MessageType::kRevoke) {
+      on_revoke(note);
+    } else {
+      answer_ = note;
+    }
     return;
   }
   util::log().warn("rma initiator {} on lane {}: unexpected control message type {} dropped", id_,
                    lane_->id(), header.type);
+}
+
+// The target deregisters a region: no block goes into it from now on (batches still being
+// posted fail, what they handed over completes), then we answer.
+void RmaInitiatorImpl::on_revoke(const RegionNote& note) {
+  const ContextRegions::Name region{note.slot, note.generation};
+  auto same = [&](const ContextRegions::Name& n) {
+    return n.slot == region.slot && n.generation == region.generation;
+  };
+  for (Imported& entry : imported_) {
+    if (same({entry.descriptor.slot, entry.descriptor.generation})) entry.revoked = true;
+  }
+  for (Request* r : posting_) {
+    Batch& batch = batch_of(*r);
+    if (std::none_of(batch.targets.begin(), batch.targets.end(), same)) continue;
+    r->fail(Status::kError, std::string(r->kind == RequestKind::kWrite ? "write" : "read") +
+                                " batch: the target deregistered a region it uses while the "
+                                "batch was being posted; the blocks not posted by then never went");
+    batch.next = batch.pieces.size();
+  }
+  std::erase_if(posting_, [&](Request* r) {
+    if (batch_of(*r).next < batch_of(*r).pieces.size()) return false;
+    r->to(BatchState::kCompleting);
+    if (r->ops_outstanding == 0) settle(*r);
+    return true;
+  });
+  revocations_.push_back({note.seq, region});
+  answer_revocations();
+}
+
+bool RmaInitiatorImpl::in_flight(ContextRegions::Name region) const noexcept {
+  for (const Request& r : requests_.built()) {
+    if (!r.is_batch() || !r.in_use() || r.ops_outstanding == 0) continue;
+    for (const auto& t : batches_[requests_.index_of(r)].targets)
+      if (t.slot == region.slot && t.generation == region.generation) return true;
+  }
+  return false;
+}
+
+void RmaInitiatorImpl::answer_revocations() {
+  std::erase_if(revocations_, [&](const Revocation& revocation) {
+    if (in_flight(revocation.region)) return false;
+    send_note(MessageType::kRevoked, RegionNote{.seq = revocation.seq,
+                                                .slot = revocation.region.slot,
+                                                .generation = revocation.region.generation,
+                                                .live = false});
+    return true;
+  });
 }
 
 // Our close notice says every write we posted has completed: the target may close its endpoints
@@ -385,7 +514,7 @@ RmaStats RmaInitiatorImpl::rma_stats() const {
 // ---- target ----
 
 RmaTargetImpl::RmaTargetImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
-    : Comm(core, lane, mux::Direction::kRecv, peer) {}
+    : RmaComm(core, lane, mux::Direction::kRecv, peer) {}
 
 std::vector<std::byte> RmaTargetImpl::export_region(const MemoryRegion& region) {
   std::lock_guard lock(lane_->lock());
@@ -441,6 +570,10 @@ void RmaTargetImpl::on_control(const mux::ControlHeader& header, std::span<const
     case MessageType::kWritesPosted:
       writes_answered_ = true;
       return;
+    case MessageType::kRevoked:
+    case MessageType::kRegionQuery:
+      on_region_note(static_cast<MessageType>(header.type), body);
+      return;
     default:
       util::log().warn("rma target {} on lane {}: unexpected control message type {} dropped",
                        id_, lane_->id(), header.type);
@@ -469,6 +602,31 @@ void RmaTargetImpl::on_notify(std::span<const std::byte> body) {
     early_.erase(it);
     ++next_expected_;
   }
+}
+
+bool RmaTargetImpl::revoke_region(std::uint32_t slot, std::uint32_t generation) {
+  if (closed_ || peer_gone() || peer_control_.empty()) return false;
+  const std::uint32_t seq = next_revoke_++;
+  send_note(MessageType::kRevoke,
+            RegionNote{.seq = seq, .slot = slot, .generation = generation, .live = false});
+  awaiting_revoked_.push_back(seq);
+  return true;
+}
+
+void RmaTargetImpl::on_region_note(MessageType type, std::span<const std::byte> body) {
+  RegionNote note;
+  if (const char* why = decode_region_note(body, note)) [[unlikely]] {
+    util::log().warn("rma target {} on lane {}: {}; dropped", id_, lane_->id(), why);
+    return;
+  }
+  if (type == MessageType::kRevoked) {
+    std::erase(awaiting_revoked_, note.seq);
+    return;
+  }
+  // Live: in the context, and registered on this lane (whose keys the descriptor carries).
+  note.live = regions_->find({note.slot, note.generation}).has_value() &&
+              lane_->shared_regions().find(note.slot, note.generation) != mux::SharedRegions::kNone;
+  send_note(MessageType::kRegionAnswer, note);
 }
 
 CloseNotice RmaTargetImpl::close_notice(CloseReason reason) {

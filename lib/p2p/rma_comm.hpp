@@ -24,7 +24,29 @@
 
 namespace loom::p2p {
 
-class RmaInitiatorImpl final : public Comm, ofi::CompletionHandler {
+// What both ends share: the region notes (revocations and import queries, RegionNote), sent on
+// control rail 0 in order, and held back under back-pressure until the lane's next progress.
+//
+// Revocation: a region's keys close only once every initiator that may hold them said it will
+// write no more into it. Deregistering the region (LaneRegistry::drop_shared_region) asks each
+// target on a lane that holds it to send kRevoke; its initiator refuses further blocks into the
+// region, lets the blocks it already handed to the provider complete, and answers kRevoked.
+// Importing asks the target whether the region is live (kRegionQuery), so a stale descriptor is
+// refused at once. No provider then has to check keys (shm drops a write with a closed key
+// without completing it; tcp breaks the connection).
+class RmaComm : public Comm {
+ public:
+  using Comm::Comm;
+  void on_deferred() override;
+
+ protected:
+  void send_note(MessageType type, const RegionNote& note);
+
+ private:
+  std::vector<std::pair<MessageType, RegionNote>> notes_out_;  // back-pressured, in order
+};
+
+class RmaInitiatorImpl final : public RmaComm, ofi::CompletionHandler {
  public:
   RmaInitiatorImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer);
 
@@ -64,11 +86,19 @@ class RmaInitiatorImpl final : public Comm, ofi::CompletionHandler {
     std::optional<Notify> notification;
     std::uint32_t blocks = 0;
     std::uint64_t bytes = 0;
+    // The target's regions it writes into or reads from, as the target names them.
+    std::vector<ContextRegions::Name> targets;
   };
   struct Imported {
     RegionDescriptor descriptor;
     std::uint32_t generation = 0;
     bool live = false;
+    bool revoked = false;  // the target deregistered the region
+  };
+  // A revocation the target asked for, answered once no block into the region is out.
+  struct Revocation {
+    std::uint32_t seq = 0;
+    ContextRegions::Name region;
   };
 
   Batch& batch_of(const Request& r) noexcept { return batches_[requests_.index_of(r)]; }
@@ -81,6 +111,10 @@ class RmaInitiatorImpl final : public Comm, ofi::CompletionHandler {
   // Sends the notifications whose turn came, in post order.
   void send_notifications();
   void answer_writes_posted();
+  void on_revoke(const RegionNote& note);
+  // Answers the revocations whose regions no block handed to the provider uses any more.
+  void answer_revocations();
+  [[nodiscard]] bool in_flight(ContextRegions::Name region) const noexcept;
 
   void advance(Request& request) override;
   void send_control_batch() override {}
@@ -103,10 +137,13 @@ class RmaInitiatorImpl final : public Comm, ofi::CompletionHandler {
   std::size_t next_rail_ = 0;      // whole blocks go round the data rails
   std::uint32_t next_notify_ = 0;  // the next notification's number
   bool writes_posted_owed_ = false;  // the target's close notice waits for our writes
+  std::vector<Revocation> revocations_;
+  std::uint32_t next_query_ = 0;
+  std::optional<RegionNote> answer_;  // to the import's query in flight
   RmaStats rma_stats_;
 };
 
-class RmaTargetImpl final : public Comm {
+class RmaTargetImpl final : public RmaComm {
  public:
   RmaTargetImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer);
 
@@ -119,9 +156,14 @@ class RmaTargetImpl final : public Comm {
              const ofi::Completion& /*completion*/) override {}
   void on_control(const mux::ControlHeader& header, std::span<const std::byte> body) override;
   void on_remote_write(mux::WriteImmediate /*immediate*/) override {}
+  bool revoke_region(std::uint32_t slot, std::uint32_t generation) override;
+  [[nodiscard]] bool revoking() const noexcept override {
+    return !awaiting_revoked_.empty() && peer_ == PeerState::kConnected;
+  }
 
  private:
   void on_notify(std::span<const std::byte> body);
+  void on_region_note(MessageType type, std::span<const std::byte> body);
 
   void advance(Request& /*request*/) override {}
   void send_control_batch() override {}
@@ -139,6 +181,8 @@ class RmaTargetImpl final : public Comm {
   std::deque<Notification> ready_;          // landed, in post order, not polled yet
   std::map<std::uint32_t, Notify> early_;  // came by another control rail ahead of their turn
   std::uint32_t next_expected_ = 0;
+  std::uint32_t next_revoke_ = 0;
+  std::vector<std::uint32_t> awaiting_revoked_;  // revocations sent, not answered yet
   bool awaiting_writes_ = false;  // closing: our close notice asked for the initiator's word
   bool writes_answered_ = false;  // and it came: its writes all completed
   RmaStats rma_stats_;

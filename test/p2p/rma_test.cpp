@@ -179,6 +179,47 @@ TEST_CASE("rma bad descriptors and blocks are refused before anything is posted"
   refused({local, 0, RemoteRegion{}, 0, 8}, "empty remote region");
   refused({MemoryRegion{}, 0, imported, 0, 8}, "empty local region");
   CHECK(pair.initiator->write({}).status == Status::kInvalid);
+  pair.initiator->close();
+  pair.target->close();
+}
+
+TEST_CASE("rma a region the target deregistered is unreachable before deregistration returns",
+          "[rma]") {
+  Context a(test_config(1));
+  Context b(test_config(1));
+  std::vector<std::byte> source(1 << 20);
+  std::vector<std::byte> sink(1 << 20);
+  Region local = a.register_memory(source.data(), source.size());
+  Region remote = b.register_memory(sink.data(), sink.size());
+  Listener listener = b.listen();
+  RmaPair pair = connect_rma(a, b, listener);
+  const std::vector<std::byte> descriptor = pair.target->export_region(remote);
+  const RemoteRegion imported = pair.initiator->import_region(descriptor);
+
+  // The initiator is in this process but another context: its lane answers the revocation from
+  // its context's background progress while reset() waits.
+  fill_pattern({source.data(), 4096}, 5);
+  remote.reset();
+  RmaBlock block{local, 0, imported, 0, 4096};
+  Request request;
+  CHECK(post_into(pair.initiator->write({&block, 1}), request) == Status::kInvalid);
+  CHECK_THAT(pair.initiator->last_error(), Catch::Contains("deregistered the remote region"));
+  CHECK(std::all_of(sink.begin(), sink.end(), [](std::byte b) { return b == std::byte{0}; }));
+  // The stale descriptor is refused at import; the connection stays usable with a live region.
+  try {
+    (void)pair.initiator->import_region(descriptor);
+    FAIL("a stale descriptor was imported");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("stale"));
+  }
+  Region again = b.register_memory(sink.data(), sink.size());
+  block.remote = pair.initiator->import_region(pair.target->export_region(again));
+  REQUIRE(post_into(pair.initiator->write({&block, 1}, Notification{.tag = 1}), request) ==
+          Status::kOk);
+  const auto [status, seen] = land(*pair.initiator, request, *pair.target, [](auto&) {});
+  CHECK(status == Status::kOk);
+  CHECK(seen.bytes == 4096);
+  CHECK(check_pattern({sink.data(), 4096}, 5).empty());
 
   pair.initiator->close();
   pair.target->close();
