@@ -245,9 +245,10 @@ void LaneRegistry::drop_shared_region(std::uint32_t slot, std::uint32_t generati
     std::this_thread::yield();
   }
   if (!revoking.empty()) {
-    util::log().warn("region {}: {} lane(s) still wait for initiators to confirm its revocation "
-                     "after {} ms; its keys close now",
-                     slot, revoking.size(), revoke_timeout.count());
+    util::log().warn(
+        "region {}: {} lane(s) still wait for initiators to confirm its revocation "
+        "after {} ms; its keys close now",
+        slot, revoking.size(), revoke_timeout.count());
   }
   for (Lane* lane : lanes) {
     std::lock_guard lane_lock(lane->lock());

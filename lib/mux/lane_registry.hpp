@@ -53,7 +53,7 @@ struct LaneSummary {
   std::uint64_t carried_control;  // control messages that came through its inbox
   std::size_t endpoints;          // rails
   ofi::RegistrationTableStats registration_table;
-  std::size_t shared_regions;  // the context's regions registered on this lane
+  std::size_t shared_regions;               // the context's regions registered on this lane
   std::size_t shared_region_registrations;  // their fid_mr objects
   std::size_t shared_region_bytes;
   std::vector<RailSummary> rails;

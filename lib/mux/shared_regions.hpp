@@ -112,7 +112,7 @@ class SharedRegions {
  private:
   struct Entry {
     std::unique_ptr<ofi::MemoryRegistration> registration;  // nullptr: a free entry
-    const std::byte* base = nullptr;                  // what the context registered
+    const std::byte* base = nullptr;                        // what the context registered
     std::size_t size = 0;
     std::uint32_t slot = 0;
     std::uint32_t generation = 0;

@@ -40,6 +40,9 @@ struct RmaPost {
   // FI_DELIVERY_COMPLETE: the write completes only once its data is in the target's memory
   // (and on shm, once the target checked its key instead of copying straight into it).
   bool delivery_complete = false;
+  // FI_REMOTE_CQ_DATA with `data`: the write leaves a completion at the target.
+  bool remote_cq_data = false;
+  std::uint32_t data = 0;
 };
 
 struct RailStats {

@@ -100,7 +100,8 @@ Status Rail::write(Address peer, const void* buffer, std::size_t length, void* d
 namespace {
 std::uint64_t rma_flags(RmaPost how) noexcept {
   return FI_COMPLETION | (how.more ? FI_MORE : 0) |
-         (how.delivery_complete ? FI_DELIVERY_COMPLETE : 0);
+         (how.delivery_complete ? FI_DELIVERY_COMPLETE : 0) |
+         (how.remote_cq_data ? FI_REMOTE_CQ_DATA : 0);
 }
 }  // namespace
 
@@ -115,7 +116,7 @@ Status Rail::write(Address peer, const void* buffer, std::size_t length, void* d
                  .rma_iov = &remote,
                  .rma_iov_count = 1,
                  .context = op,
-                 .data = 0};
+                 .data = how.data};
   long rc = fi_writemsg(endpoint_.get(), &msg, rma_flags(how));
   if (rc != 0) [[unlikely]]
     return post_failed("fi_writemsg", rc);
@@ -135,7 +136,7 @@ Status Rail::read(Address peer, void* buffer, std::size_t length, void* desc,
                  .rma_iov_count = 1,
                  .context = op,
                  .data = 0};
-  long rc = fi_readmsg(endpoint_.get(), &msg, rma_flags({.more = how.more}));
+  long rc = fi_readmsg(endpoint_.get(), &msg, FI_COMPLETION | (how.more ? FI_MORE : 0));
   if (rc != 0) [[unlikely]]
     return post_failed("fi_readmsg", rc);
   stats_.bytes_read += length;

@@ -218,21 +218,20 @@ ContextStats Context::stats() const {
   stats.lanes_opened = registry.lanes_opened;
   stats.closing_lanes = registry.closing;
   for (const auto& lane : registry.lanes) {
-    LaneDescription description{.id = lane.id,
-                                .send = lane.direction == mux::Direction::kSend,
-                                .peers = lane.peers,
-                                .comms = lane.comms,
-                                .retired = lane.retired,
-                                .endpoints = lane.endpoints,
-                                .registrations = lane.registration_table.registrations +
-                                                 lane.shared_region_registrations,
-                                .registered_bytes =
-                                    lane.registration_table.bytes + lane.shared_region_bytes,
-                                .registrations_shared = lane.registration_table.hits,
-                                .registrations_made = lane.registration_table.misses,
-                                .context_regions = lane.shared_regions,
-                                .carried_control = lane.carried_control,
-                                .rails = {}};
+    LaneDescription description{
+        .id = lane.id,
+        .send = lane.direction == mux::Direction::kSend,
+        .peers = lane.peers,
+        .comms = lane.comms,
+        .retired = lane.retired,
+        .endpoints = lane.endpoints,
+        .registrations = lane.registration_table.registrations + lane.shared_region_registrations,
+        .registered_bytes = lane.registration_table.bytes + lane.shared_region_bytes,
+        .registrations_shared = lane.registration_table.hits,
+        .registrations_made = lane.registration_table.misses,
+        .context_regions = lane.shared_regions,
+        .carried_control = lane.carried_control,
+        .rails = {}};
     for (const auto& rail : lane.rails) {
       description.rails.push_back(RailDescription{.nic = rail.nic,
                                                   .data = rail.data,

@@ -179,8 +179,8 @@ class Comm : public mux::CommPort {
   // holds none of the request's operations, except sends and one-sided batches to a peer that
   // is gone: those may never complete (shm waits for the peer to take them), and a send only
   // reads its buffer (see RecordState::kReleased; a read batch's buffers are the caveat the
-  // README's one-sided section states). A receive is never reported while the provider may still write
-  // into its buffer.
+  // README's one-sided section states). A receive is never reported while the provider may still
+  // write into its buffer.
   [[nodiscard]] bool finished(const Request& r) const noexcept {
     if (!r.decided()) return false;
     return r.ops_outstanding == 0 ||

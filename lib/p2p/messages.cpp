@@ -262,6 +262,8 @@ std::size_t encode_notify(const Notify& m, std::span<std::byte> out) {
   w.u64(m.value);
   w.u32(m.blocks);
   w.u64(m.bytes);
+  w.u32(m.writes);
+  w.u32(m.counter);
   return finish(w);
 }
 
@@ -272,8 +274,11 @@ const char* decode_notify(std::span<const std::byte> in, Notify& out) {
   out.value = r.u64();
   out.blocks = r.u32();
   out.bytes = r.u64();
+  out.writes = r.u32();
+  out.counter = r.u32();
   if (!r.ok()) return "notification truncated";
   if (!r.done()) return "notification has trailing bytes";
+  if (out.counter > mux::kImmSeqMask) return "notification: counter out of range";
   return nullptr;
 }
 

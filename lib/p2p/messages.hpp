@@ -38,6 +38,9 @@ enum class MessageType : std::uint8_t {
   kRevoked = 24,       // initiator -> target: nothing of ours writes into it any more
   kRegionQuery = 25,   // initiator -> target, importing a descriptor: is the region live?
   kRegionAnswer = 26,  // target -> initiator
+  // initiator -> target: a counted notification (NotifyProtocol::kCountedCqData) already sent
+  // will never be complete (a write of its batch failed): skip it (a Notify, seq only)
+  kNotifyCancel = 27,
 };
 
 inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"
@@ -286,15 +289,19 @@ const char* decode_ping(std::span<const std::byte> in, Ping& out);
 
 // An initiator's word that a write batch landed in the target's memory (every write of it
 // completed delivery-complete before this was sent): numbered per connection from 0, so that the
-// target hands them out in post order whichever control rail each came by.
+// target hands them out in post order whichever control rail each came by. With
+// NotifyProtocol::kCountedCqData it goes once the writes are posted instead, and the target
+// holds it until `writes` writes whose remote CQ data names `counter` arrived.
 struct Notify {
   std::uint32_t seq = 0;
   std::uint64_t tag = 0;
   std::uint64_t value = 0;
   std::uint32_t blocks = 0;
   std::uint64_t bytes = 0;
+  std::uint32_t writes = 0;   // 0: landed already
+  std::uint32_t counter = 0;  // below 2^mux::kImmSeqBits
 };
-inline constexpr std::size_t kNotifyBytes = 4 + 8 + 8 + 4 + 8;
+inline constexpr std::size_t kNotifyBytes = 4 + 8 + 8 + 4 + 8 + 4 + 4;
 std::size_t encode_notify(const Notify& message, std::span<std::byte> out);
 const char* decode_notify(std::span<const std::byte> in, Notify& out);
 

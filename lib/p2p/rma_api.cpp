@@ -1,6 +1,5 @@
 // The public classes of include/loom/rma.hpp, forwarding to p2p/rma_comm.hpp.
 #include "loom/rma.hpp"
-
 #include "p2p/context_core.hpp"
 #include "p2p/handshake.hpp"
 #include "p2p/rma_comm.hpp"
@@ -48,9 +47,8 @@ Posted RmaInitiator::write(std::span<const RmaBlock> blocks,
 Posted RmaInitiator::read(std::span<const RmaBlock> blocks) {
   if (!comm_) return {Status::kInvalid, {}};
   p2p::Request* request = nullptr;
-  const Status status =
-      initiator(comm_).post(p2p::RequestKind::kRead, blocks, std::nullopt, request,
-                            NotifyProtocol::kAfterCompletion);
+  const Status status = initiator(comm_).post(p2p::RequestKind::kRead, blocks, std::nullopt,
+                                              request, NotifyProtocol::kAfterCompletion);
   return {status, status == Status::kOk ? comm_->handle_of(*request) : Request{}};
 }
 

@@ -60,8 +60,9 @@ loom::RemoteRegion RmaInitiatorImpl::import_region(std::span<const std::byte> by
   if (why == nullptr && descriptor.context != peer_context_)
     why = "a region descriptor exported by another context than this connection's target";
   if (why == nullptr && descriptor.lane != peer_lane_)
-    why = "a region descriptor exported for another connection's lane (its keys name other "
-          "endpoints)";
+    why =
+        "a region descriptor exported for another connection's lane (its keys name other "
+        "endpoints)";
   if (why == nullptr && descriptor.rails < data_rails_)
     why = "a region descriptor with fewer keys than the connection has data rails";
   if (why != nullptr) throw Error("import region", settings_.provider, 0, why);
@@ -122,17 +123,13 @@ void RmaInitiatorImpl::forget(const loom::RemoteRegion& region) {
 }
 
 Status RmaInitiatorImpl::post(RequestKind kind, std::span<const RmaBlock> blocks,
-                              const std::optional<Notification>& notification,
-                              Request*& request, NotifyProtocol protocol) {
+                              const std::optional<Notification>& notification, Request*& request,
+                              NotifyProtocol protocol) {
   const char* operation = kind == RequestKind::kWrite ? "write" : "read";
   std::lock_guard lock(lane_->lock());
   if (closed_) return reject(Status::kInvalid, std::string(operation) + ": connection closed");
   if (peer_gone()) return reject(Status::kPeerError, std::string(operation) + ": " + peer_gone_);
   if (blocks.empty()) return reject(Status::kInvalid, std::string(operation) + ": empty batch");
-  if (protocol != NotifyProtocol::kAfterCompletion) {
-    return reject(Status::kInvalid,
-                  std::string(operation) + ": the counted CQ data protocol is not built yet");
-  }
   Request* r = allocate(kind);
   if (r == nullptr) [[unlikely]] {
     return reject(Status::kRetry, std::string(operation) + ": " +
@@ -146,12 +143,18 @@ Status RmaInitiatorImpl::post(RequestKind kind, std::span<const RmaBlock> blocks
     return Status::kInvalid;
   }
   Batch& batch = batch_of(*r);
+  batch.protocol = notification ? protocol : NotifyProtocol::kAfterCompletion;
+  batch.notified = false;
   if (notification) {
-    batch.notification = Notify{.seq = 0,
-                                .tag = notification->tag,
-                                .value = notification->value,
-                                .blocks = batch.blocks,
-                                .bytes = batch.bytes};
+    const bool counted = protocol == NotifyProtocol::kCountedCqData;
+    batch.notification =
+        Notify{.seq = 0,
+               .tag = notification->tag,
+               .value = notification->value,
+               .blocks = batch.blocks,
+               .bytes = batch.bytes,
+               .writes = counted ? static_cast<std::uint32_t>(batch.pieces.size()) : 0,
+               .counter = counted ? next_counter_++ & mux::kImmSeqMask : 0};
     notifying_.push_back(r);
   }
   posting_.push_back(r);
@@ -170,9 +173,8 @@ bool RmaInitiatorImpl::plan(Request& r, std::span<const RmaBlock> blocks) {
   batch.blocks = static_cast<std::uint32_t>(blocks.size());
   batch.bytes = 0;
   mux::SharedRegions& shared = lane_->shared_regions();
-  const std::size_t max_piece = lane_->rails().max_msg_size() == 0
-                                    ? SIZE_MAX
-                                    : lane_->rails().max_msg_size();
+  const std::size_t max_piece =
+      lane_->rails().max_msg_size() == 0 ? SIZE_MAX : lane_->rails().max_msg_size();
   auto refuse = [&](std::size_t i, const std::string& why) {
     for (std::uint32_t entry : batch.held) shared.let_go(entry);
     batch.held.clear();
@@ -197,7 +199,7 @@ bool RmaInitiatorImpl::plan(Request& r, std::span<const RmaBlock> blocks) {
     const loom::RemoteRegion& remote = block.remote;
     if (remote.owner_ != serial_ || remote.slot_ >= imported_.size() ||
         !imported_[remote.slot_].live || imported_[remote.slot_].generation != remote.generation_) {
-      return refuse(i, !remote.valid()           ? "an empty remote region"
+      return refuse(i, !remote.valid()            ? "an empty remote region"
                        : remote.owner_ != serial_ ? "a remote region imported by another connection"
                                                   : "a remote region this connection forgot");
     }
@@ -252,6 +254,12 @@ void RmaInitiatorImpl::post_pending() {
     Request& r = *posting_.front();
     Batch& batch = batch_of(r);
     const bool write = r.kind == RequestKind::kWrite;
+    // Counted CQ data: each write names the batch's counter; no delivery-complete wait.
+    const bool counted = batch.protocol == NotifyProtocol::kCountedCqData;
+    const std::uint32_t immediate =
+        counted ? mux::encode_immediate(
+                      {peer_id_, static_cast<std::uint16_t>(batch.notification->counter), false, 1})
+                : 0;
     while (batch.next < batch.pieces.size()) {
       if (free_ops_.empty()) return;  // a completion posts more
       const Piece& piece = batch.pieces[batch.next];
@@ -261,7 +269,11 @@ void RmaInitiatorImpl::post_pending() {
       const Status status =
           write ? rail.write(peer_data_[piece.rail], piece.local, piece.length, piece.desc,
                              piece.remote_address, piece.key,
-                             {.more = more, .delivery_complete = true}, &ops_[op])
+                             {.more = more,
+                              .delivery_complete = !counted,
+                              .remote_cq_data = counted,
+                              .data = immediate},
+                             &ops_[op])
                 : rail.read(peer_data_[piece.rail], piece.local, piece.length, piece.desc,
                             piece.remote_address, piece.key, {.more = more}, &ops_[op]);
       if (status == Status::kRetry) {
@@ -281,7 +293,8 @@ void RmaInitiatorImpl::post_pending() {
     }
     posting_.pop_front();
     if (r.batch == BatchState::kPosting) r.to(BatchState::kCompleting);
-    if (r.ops_outstanding == 0) settle(r);
+    if (batch.protocol == NotifyProtocol::kCountedCqData) send_notifications();
+    if (r.ops_outstanding == 0 && r.batch == BatchState::kCompleting) settle(r);
   }
 }
 
@@ -310,14 +323,20 @@ void RmaInitiatorImpl::settle(Request& r) {
   Batch& batch = batch_of(r);
   if (r.status != Status::kOk) {
     r.to(BatchState::kFailed);
+    if (batch.notified) {
+      // A counted notification went ahead of its writes: the target must not wait for it.
+      Notify cancel{.seq = batch.notification->seq};
+      std::byte body[kNotifyBytes];
+      (void)send_control(MessageType::kNotifyCancel, cancel.seq,
+                         {body, encode_notify(cancel, body)}, true);
+    }
     send_notifications();  // a later batch's notification may have waited behind this one
     return;
   }
   ++rma_stats_.batches;
   rma_stats_.blocks += batch.blocks;
-  (r.kind == RequestKind::kWrite ? rma_stats_.bytes_written : rma_stats_.bytes_read) +=
-      batch.bytes;
-  if (!batch.notification) {
+  (r.kind == RequestKind::kWrite ? rma_stats_.bytes_written : rma_stats_.bytes_read) += batch.bytes;
+  if (!batch.notification || batch.notified) {
     r.to(BatchState::kDone);
     return;
   }
@@ -325,22 +344,27 @@ void RmaInitiatorImpl::settle(Request& r) {
   send_notifications();
 }
 
+// In post order. kAfterCompletion: once every write of the batch completed; kCountedCqData:
+// once every write is posted.
 void RmaInitiatorImpl::send_notifications() {
   while (!notifying_.empty()) {
     Request& r = *notifying_.front();
-    if (r.batch == BatchState::kFailed || !r.in_use()) {
+    Batch& batch = batch_of(r);
+    if (!batch.notified && (r.batch == BatchState::kFailed || !r.in_use())) {
       notifying_.pop_front();  // its notification never goes, and takes no number
       continue;
     }
-    if (r.batch != BatchState::kNotifying) return;  // its writes are still out
+    const bool due = batch.protocol == NotifyProtocol::kCountedCqData
+                         ? batch.next == batch.pieces.size() && r.batch != BatchState::kPosting
+                         : r.batch == BatchState::kNotifying;
+    if (!due) return;
     if (peer_gone()) {
-      r.fail(Status::kPeerError, "write batch landed, but its notification cannot be sent: " +
-                                     peer_gone_);
-      r.to(BatchState::kFailed);
+      r.fail(Status::kPeerError, "write batch: its notification cannot be sent: " + peer_gone_);
+      if (r.batch == BatchState::kNotifying) r.to(BatchState::kFailed);
       notifying_.pop_front();
       continue;
     }
-    Notify& notify = *batch_of(r).notification;
+    Notify& notify = *batch.notification;
     notify.seq = next_notify_;
     std::byte body[kNotifyBytes];
     const Status status =
@@ -350,12 +374,13 @@ void RmaInitiatorImpl::send_notifications() {
       return;
     }
     if (status != Status::kOk) {
-      r.fail(Status::kError, "write batch landed, but its notification failed: " + last_error_);
-      r.to(BatchState::kFailed);
+      r.fail(Status::kError, "write batch: its notification failed: " + last_error_);
+      if (r.batch == BatchState::kNotifying) r.to(BatchState::kFailed);
     } else {
       ++next_notify_;
       ++rma_stats_.notifications;
-      r.to(BatchState::kDone);
+      batch.notified = true;
+      if (r.batch == BatchState::kNotifying) r.to(BatchState::kDone);
     }
     notifying_.pop_front();
   }
@@ -564,6 +589,9 @@ void RmaTargetImpl::on_control(const mux::ControlHeader& header, std::span<const
     case MessageType::kNotify:
       on_notify(body);
       return;
+    case MessageType::kNotifyCancel:
+      on_notify_cancel(body);
+      return;
     case MessageType::kClose:
       on_peer_close(body);
       return;
@@ -575,8 +603,8 @@ void RmaTargetImpl::on_control(const mux::ControlHeader& header, std::span<const
       on_region_note(static_cast<MessageType>(header.type), body);
       return;
     default:
-      util::log().warn("rma target {} on lane {}: unexpected control message type {} dropped",
-                       id_, lane_->id(), header.type);
+      util::log().warn("rma target {} on lane {}: unexpected control message type {} dropped", id_,
+                       lane_->id(), header.type);
   }
 }
 
@@ -588,17 +616,56 @@ void RmaTargetImpl::on_notify(std::span<const std::byte> body) {
     util::log().warn("rma target {} on lane {}: {}; dropped", id_, lane_->id(), why);
     return;
   }
-  if (seq_before(notify.seq, next_expected_) || early_.contains(notify.seq)) [[unlikely]] {
+  if (seq_before(notify.seq, next_expected_) || early_.contains(notify.seq) ||
+      std::any_of(counting_.begin(), counting_.end(),
+                  [&](const auto& entry) { return entry.second.seq == notify.seq; })) [[unlikely]] {
     util::log().warn("rma target {} on lane {}: notification {} came twice; dropped", id_,
                      lane_->id(), notify.seq);
     return;
   }
+  if (notify.writes != 0) {
+    if (counts_.empty()) counts_.resize(std::size_t{1} << mux::kImmSeqBits);
+    if (counts_[notify.counter] < notify.writes) {
+      counting_[notify.counter] = notify;  // the writes' completions come yet
+      return;
+    }
+    counts_[notify.counter] -= notify.writes;
+  }
   early_.emplace(notify.seq, notify);
+  release_in_order();
+}
+
+// kCountedCqData: one write of a batch arrived.
+void RmaTargetImpl::on_remote_write(mux::WriteImmediate immediate) {
+  if (counts_.empty()) counts_.resize(std::size_t{1} << mux::kImmSeqBits);
+  std::uint32_t& count = counts_[immediate.seq];
+  ++count;
+  auto waiting = counting_.find(immediate.seq);
+  if (waiting == counting_.end() || count < waiting->second.writes) return;
+  count -= waiting->second.writes;
+  early_.emplace(waiting->second.seq, waiting->second);
+  counting_.erase(waiting);
+  release_in_order();
+}
+
+void RmaTargetImpl::on_notify_cancel(std::span<const std::byte> body) {
+  Notify cancel;
+  if (const char* why = decode_notify(body, cancel)) [[unlikely]] {
+    util::log().warn("rma target {} on lane {}: {}; dropped", id_, lane_->id(), why);
+    return;
+  }
+  std::erase_if(counting_, [&](const auto& entry) { return entry.second.seq == cancel.seq; });
+  if (!seq_before(cancel.seq, next_expected_)) early_[cancel.seq] = std::nullopt;
+  release_in_order();
+}
+
+void RmaTargetImpl::release_in_order() {
   for (auto it = early_.find(next_expected_); it != early_.end();
        it = early_.find(next_expected_)) {
-    const Notify& n = it->second;
-    ready_.push_back(
-        Notification{.tag = n.tag, .value = n.value, .blocks = n.blocks, .bytes = n.bytes});
+    if (const std::optional<Notify>& n = it->second) {
+      ready_.push_back(
+          Notification{.tag = n->tag, .value = n->value, .blocks = n->blocks, .bytes = n->bytes});
+    }
     early_.erase(it);
     ++next_expected_;
   }

@@ -81,9 +81,11 @@ class RmaInitiatorImpl final : public RmaComm, ofi::CompletionHandler {
   // A batch as posted, by its request's index in the pool.
   struct Batch {
     std::vector<Piece> pieces;
-    std::size_t next = 0;  // the first piece not handed to the provider
+    std::size_t next = 0;             // the first piece not handed to the provider
     std::vector<std::uint32_t> held;  // the lane's region entries its blocks hold, one per block
     std::optional<Notify> notification;
+    NotifyProtocol protocol = NotifyProtocol::kAfterCompletion;
+    bool notified = false;  // its notification is sent
     std::uint32_t blocks = 0;
     std::uint64_t bytes = 0;
     // The target's regions it writes into or reads from, as the target names them.
@@ -126,16 +128,17 @@ class RmaInitiatorImpl final : public RmaComm, ofi::CompletionHandler {
   void settle_after_close() override;
   void send_writes_posted() override;
 
-  std::vector<Batch> batches_;     // parallel to the request pool
-  std::deque<Request*> posting_;   // batches with pieces not handed over, oldest first
+  std::vector<Batch> batches_;      // parallel to the request pool
+  std::deque<Request*> posting_;    // batches with pieces not handed over, oldest first
   std::deque<Request*> notifying_;  // write batches with a notification, in post order
   std::vector<ofi::OpContext> ops_;
-  std::vector<Request*> op_owner_;   // the batch of each op context in use
+  std::vector<Request*> op_owner_;  // the batch of each op context in use
   std::vector<std::uint32_t> free_ops_;
   std::vector<Imported> imported_;
   std::vector<std::uint32_t> free_imported_;
-  std::size_t next_rail_ = 0;      // whole blocks go round the data rails
-  std::uint32_t next_notify_ = 0;  // the next notification's number
+  std::size_t next_rail_ = 0;        // whole blocks go round the data rails
+  std::uint32_t next_notify_ = 0;    // the next notification's number
+  std::uint32_t next_counter_ = 0;   // kCountedCqData: the next batch's CQ data counter
   bool writes_posted_owed_ = false;  // the target's close notice waits for our writes
   std::vector<Revocation> revocations_;
   std::uint32_t next_query_ = 0;
@@ -155,7 +158,7 @@ class RmaTargetImpl final : public RmaComm {
   void on_op(Request& /*request*/, std::size_t /*index*/,
              const ofi::Completion& /*completion*/) override {}
   void on_control(const mux::ControlHeader& header, std::span<const std::byte> body) override;
-  void on_remote_write(mux::WriteImmediate /*immediate*/) override {}
+  void on_remote_write(mux::WriteImmediate immediate) override;
   bool revoke_region(std::uint32_t slot, std::uint32_t generation) override;
   [[nodiscard]] bool revoking() const noexcept override {
     return !awaiting_revoked_.empty() && peer_ == PeerState::kConnected;
@@ -163,6 +166,9 @@ class RmaTargetImpl final : public RmaComm {
 
  private:
   void on_notify(std::span<const std::byte> body);
+  void on_notify_cancel(std::span<const std::byte> body);
+  // Hands out, in order, the notifications whose turn came.
+  void release_in_order();
   void on_region_note(MessageType type, std::span<const std::byte> body);
 
   void advance(Request& /*request*/) override {}
@@ -178,8 +184,12 @@ class RmaTargetImpl final : public RmaComm {
     return awaiting_writes_ && !writes_answered_ && peer_ == PeerState::kConnected;
   }
 
-  std::deque<Notification> ready_;          // landed, in post order, not polled yet
-  std::map<std::uint32_t, Notify> early_;  // came by another control rail ahead of their turn
+  std::deque<Notification> ready_;  // landed, in post order, not polled yet
+  // Complete, ahead of their turn (another control rail was faster); nullopt: cancelled.
+  std::map<std::uint32_t, std::optional<Notify>> early_;
+  // kCountedCqData: writes counted per counter, and the notifications waiting for their count.
+  std::vector<std::uint32_t> counts_;
+  std::map<std::uint32_t, Notify> counting_;  // by counter
   std::uint32_t next_expected_ = 0;
   std::uint32_t next_revoke_ = 0;
   std::vector<std::uint32_t> awaiting_revoked_;  // revocations sent, not answered yet

@@ -30,7 +30,8 @@ const char* decode_descriptor(std::span<const std::byte> in, RegionDescriptor& o
   if (!r.ok()) return "too short to be a region descriptor";
   if (magic != kDescriptorMagic) return "not a region descriptor (bad magic)";
   if (version != kDescriptorVersion) return "a region descriptor of another version";
-  if (out.rails == 0 || out.rails > kMaxDataRails) return "a region descriptor with a bad rail count";
+  if (out.rails == 0 || out.rails > kMaxDataRails)
+    return "a region descriptor with a bad rail count";
   if (length != descriptor_bytes(out.rails)) return "a region descriptor with a bad length field";
   if (in.size() < length) return "a truncated region descriptor";
   if (in.size() > length) return "a region descriptor with trailing bytes";
