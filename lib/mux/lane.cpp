@@ -84,9 +84,11 @@ bool Lane::revoke_region(std::uint32_t slot, std::uint32_t generation) {
   return waits;
 }
 
-bool Lane::revoking() const noexcept {
-  return std::any_of(slots_.begin(), slots_.end(),
-                     [](const Slot& s) { return s.port != nullptr && s.port->revoking(); });
+bool Lane::revoking() {
+  bool waits = false;
+  for (const Slot& s : slots_)
+    if (s.port != nullptr) waits = s.port->revoking() || waits;
+  return waits;
 }
 
 CommId Lane::attach(CommPort& port) {

@@ -85,8 +85,9 @@ class CommPort {
   // one-sided target tells its initiator, which may hold the region's keys. True when the
   // communicator then waits for the answer (revoking()).
   virtual bool revoke_region(std::uint32_t /*slot*/, std::uint32_t /*generation*/) { return false; }
-  // Whether an answer to revoke_region is still awaited from a peer that can give it.
-  [[nodiscard]] virtual bool revoking() const noexcept { return false; }
+  // Whether an answer to revoke_region is still awaited from a peer that can give it (a peer
+  // silent for LOOM_PEER_TIMEOUT_MS meanwhile is taken as lost, as a wait on it would).
+  [[nodiscard]] virtual bool revoking() { return false; }
 };
 
 struct LaneStats {
@@ -116,7 +117,7 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   // Asks every attached communicator to revoke region {slot, generation} (CommPort::
   // revoke_region); true when some wait for answers, until revoking() turns false.
   bool revoke_region(std::uint32_t slot, std::uint32_t generation);
-  [[nodiscard]] bool revoking() const noexcept;
+  [[nodiscard]] bool revoking();
   // The context's regions as this lane holds them (mux/shared_regions.hpp).
   [[nodiscard]] SharedRegions& shared_regions() noexcept { return *shared_regions_; }
   // Held by a communicator for every call it makes; completions are dispatched under it.

@@ -677,7 +677,14 @@ bool RmaTargetImpl::revoke_region(std::uint32_t slot, std::uint32_t generation) 
   send_note(MessageType::kRevoke,
             RegionNote{.seq = seq, .slot = slot, .generation = generation, .live = false});
   awaiting_revoked_.push_back(seq);
+  since_check_ = SinceCheck::kWaitBegan;  // the peer's silence counts from now
   return true;
+}
+
+bool RmaTargetImpl::revoking() {
+  if (awaiting_revoked_.empty()) return false;
+  check_peer();  // pings; a dead initiator ends the wait (its provider may say so at once)
+  return peer_ == PeerState::kConnected;
 }
 
 void RmaTargetImpl::on_region_note(MessageType type, std::span<const std::byte> body) {

@@ -160,9 +160,7 @@ class RmaTargetImpl final : public RmaComm {
   void on_control(const mux::ControlHeader& header, std::span<const std::byte> body) override;
   void on_remote_write(mux::WriteImmediate immediate) override;
   bool revoke_region(std::uint32_t slot, std::uint32_t generation) override;
-  [[nodiscard]] bool revoking() const noexcept override {
-    return !awaiting_revoked_.empty() && peer_ == PeerState::kConnected;
-  }
+  [[nodiscard]] bool revoking() override;
 
  private:
   void on_notify(std::span<const std::byte> body);
