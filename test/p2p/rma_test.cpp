@@ -229,5 +229,33 @@ TEST_CASE("rma a region the target deregistered is unreachable before deregistra
   pair.target->close();
 }
 
+TEST_CASE("rma one-sided and two-sided connects to one listener each reach their own accept",
+          "[rma]") {
+  Context a(test_config(1));
+  Context b(test_config(1));
+  Listener listener = b.listen();
+  // The one-sided connect is first in the listener's queue: accept() must pass over it.
+  RmaConnector rma_connector = a.connect_rma(listener.handle());
+  std::unique_ptr<RmaInitiator> initiator;
+  std::unique_ptr<RmaTarget> target;
+  poll_until([&] { return initiator != nullptr; },
+             [&] {
+               initiator = rma_connector.poll();
+               if (!target) target = listener.accept_rma();
+             },
+             "rma connect", 30s);
+  Connector connector = a.connect(listener.handle());
+  CommPair pair = connect_both(connector, listener, "two-sided connect");
+  const CloseOnUnwind guard{pair.out.get(), pair.in.get()};
+  CHECK(listener.accept_rma() == nullptr);
+  CHECK(listener.accept() == nullptr);
+  // Both kinds share the lanes between the two contexts.
+  CHECK(initiator->stats().lane_id == pair.out->stats().lane_id);
+  CHECK(target->stats().lane_id == pair.in->stats().lane_id);
+  CHECK(listener.stats().accepted == 2);
+  initiator->close();
+  target->close();
+}
+
 }  // namespace
 }  // namespace loom::test
