@@ -72,6 +72,9 @@ Lane::~Lane() {
   for (auto& port : retired_) port->abandon_registrations();
   eager_.reset();
   control_.reset();
+  // The context's regions' registrations are bound to the rails' endpoints (FI_MR_ENDPOINT):
+  // they close first.
+  shared_regions_.reset();
   rails_.reset();
   retired_.clear();
   util::log().debug("lane {} closed", id_);
