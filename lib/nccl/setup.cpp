@@ -269,9 +269,8 @@ abi::Result reg_mr_dmabuf(void* comm, void* data, std::size_t size, int type, st
       throw InvalidArgument("a dmabuf of " + type_text(type) +
                             ": only NCCL_PTR_CUDA memory comes as a dmabuf");
     if ((net.ptr_support() & abi::kPtrDmaBuf) == 0)
-      throw InvalidArgument(
-          "a dmabuf registration, but this device's ptrSupport has no NCCL_PTR_DMABUF: " +
-          net.memory_note());
+      throw InvalidArgument("a dmabuf registration on a device that takes none: " +
+                            net.memory_note());
     const Dmabuf dmabuf{.fd = fd, .offset = offset};
     *mhandle = register_on(net, data, size, type, &dmabuf);
     return abi::kSuccess;
