@@ -17,8 +17,14 @@
 # (FI_HMEM; libfabric's tcp has none, so there it checks that CUDA memory is refused and why),
 # every byte verified; receives followed by iflush through every data rail; registration
 # through a dmabuf where libfabric (>= 1.20), the driver and the GPU allow it, and by address
-# with LOOM_CUDA_DMABUF=0; and fi_p2p_bw --device cuda. Logs go to $OUT (the device tool brings
-# them back) or .gpu/results. Exit status: the number of failed steps.
+# with LOOM_CUDA_DMABUF=0; and fi_p2p_bw --device cuda. Then the NCCL plugin as NCCL's proxy
+# drives it (ncclnet_check --device cuda, two processes on GPU 0 over shm): its properties,
+# every conformance case on GPU memory registered with NCCL_PTR_CUDA and through dmabufs, every
+# receive flushed and checked from the host (again with LOOM_CUDA_DMABUF=0: by address only),
+# its bandwidth on GPU and host memory, and tcp;ofi_rxm, where the plugin must say it takes no
+# CUDA memory. NCCL itself puts the network between ranks only on two GPUs (one GPU's ranks
+# talk over P2P/SHM), so no NCCL test runs here. Logs go to $OUT (the device tool brings them
+# back) or .gpu/results. Exit status: the number of failed steps.
 #
 # LOOM_CUDA_IPC's steps run where the build had LIBFABRIC_IPC_SRC: a libfabric checkout whose
 # shm waits for its CUDA IPC copies (its main branch after 2.6.0), staged in .gpu/stage/lib-ipc.
@@ -102,15 +108,18 @@ build() {
   else
     PKG_CONFIG_PATH=$prefix/lib/pkgconfig meson setup "$build_dir" "${options[@]}" >/dev/null
   fi
-  ninja -C "$build_dir" test/test_gpu test/test_util test/test_ofi bench/p2p_bw/fi_p2p_bw
+  ninja -C "$build_dir" test/test_gpu test/test_util test/test_ofi bench/p2p_bw/fi_p2p_bw \
+    lib/nccl/libnccl-net-loom.so tools/ncclnet_check/ncclnet_check
 
   # 3. Stage what a run needs. libfabric dlopens libcudart.so (unversioned) from the toolkit,
   #    which the GPU machine may lack; libcuda.so.1 comes from its driver.
   rm -rf "$stage"
   mkdir -p "$stage/bin" "$stage/lib"
   cp "$build_dir"/test/test_gpu "$build_dir"/test/test_util "$build_dir"/test/test_ofi \
-    "$build_dir"/bench/p2p_bw/fi_p2p_bw "$prefix"/bin/fi_info "$stage/bin/"
-  cp -L "$build_dir"/libloom.so.0 "$prefix"/lib/libfabric.so.? "$stage/lib/"
+    "$build_dir"/bench/p2p_bw/fi_p2p_bw "$build_dir"/tools/ncclnet_check/ncclnet_check \
+    "$prefix"/bin/fi_info "$stage/bin/"
+  cp -L "$build_dir"/libloom.so.0 "$build_dir"/lib/nccl/libnccl-net-loom.so \
+    "$prefix"/lib/libfabric.so.? "$stage/lib/"
   cp -L "$cuda"/lib64/libcudart.so "$stage/lib/libcudart.so"
   local soname
   soname=$(objdump -p "$cuda/lib64/libcudart.so" | awk '$1 == "SONAME" { print $2 }')
@@ -166,9 +175,12 @@ run() {
         elif ! grep -qF "${expect#refuse:}" "$log"; then verdict="FAILED (exit $code without \"${expect#refuse:}\")"; fi ;;
     esac
     grep -qE '^SKIPPED' "$log" && verdict="FAILED (skipped: $(grep -m1 '^SKIPPED' "$log"))"
+    [ "$expect" = pass ] && [ $code -eq 77 ] &&
+      verdict="FAILED (skipped: $(grep -m1 'SKIPPED' "$log"))"
     [ "$verdict" = ok ] || failed=$((failed + 1))
     printf '%-34s %s\n' "$name" "$verdict"
-    grep -hE '^(NOT SUPPORTED|refused as expected|[a-z;_]+: registered|# memory)' "$log" | sed 's/^/    /'
+    grep -hE '^(NOT SUPPORTED|refused as expected|[a-z;_]+: registered|# memory|  ptrSupport|  forceFlush|[0-9]+ cases)' \
+      "$log" | sed 's/^/    /'
   }
   {
     { nvidia-smi 2>&1 || echo "nvidia-smi: not available"; } | head -12
@@ -211,6 +223,21 @@ run() {
   fi
   step bw-tcp-cuda "refuse:has no device-memory support" "${tcp[@]}" -- "$bin/fi_p2p_bw" \
     --loopback --device cuda -S 4k -I 10 --timeout 60
+  # The NCCL plugin, driven as NCCL's proxy does, two processes on GPU 0 (README, "NCCL/RCCL net
+  # plugin"): ptrSupport HOST|CUDA|DMABUF with libfabric >= 1.20, every case on GPU memory.
+  local plugin=$stage/lib/libnccl-net-loom.so
+  step plugin-props-shm pass "${shm[@]}" -- "$bin/ncclnet_check" "$plugin" --devices -v
+  step plugin-cases-shm-cuda pass "${shm[@]}" -- "$bin/ncclnet_check" "$plugin" --device cuda \
+    --timeout 300 --sizes 0,1,4095,64k,1m,64m+3
+  step plugin-cases-shm-cuda-address pass "${shm[@]}" LOOM_CUDA_DMABUF=0 -- \
+    "$bin/ncclnet_check" "$plugin" --device cuda --timeout 300 \
+    --case sizes,grouped,window,truncation,reg-args --sizes 0,4095,1m,16m+3
+  step plugin-bw-shm-cuda pass "${shm[@]}" -- "$bin/ncclnet_check" "$plugin" --bw \
+    --device cuda -S l:64k,1m,16m --json "$results/plugin-bw-shm-cuda.json"
+  step plugin-bw-shm-host pass "${shm[@]}" -- "$bin/ncclnet_check" "$plugin" --bw \
+    -S l:64k,1m,16m --json "$results/plugin-bw-shm-host.json"
+  step plugin-tcp-cuda "refuse:takes no CUDA memory" "${tcp[@]}" -- "$bin/ncclnet_check" \
+    "$plugin" --device cuda --case sizes
   echo "$((step - failed)) of $step steps ok; logs in $results"
   return "$failed"
 }

@@ -3,9 +3,10 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer, and runs the whole suite on every local provider
 # (tcp;ofi_rxm, shm, epmr). Extra arguments go to `meson test` (e.g. a test name, --suite ofi).
 # Then, where the CUDA toolkit is installed (/usr/local/cuda, or CUDA_HOME), the -Dcuda=enabled
-# variant: no sanitizer, only the layers whose code differs with CUDA (util, ofi) and their
-# tests, which need no GPU (40-55 s from scratch on 2 cores); CUDA_BUILD=0 skips it, and
-# so do extra arguments. Then the NCCL plugin's suite in the project's default build type
+# variant: no sanitizer, only the layers whose code differs with CUDA (util, ofi) and the NCCL
+# plugin's GPU answers, and their tests, which need no GPU (40-55 s from scratch on 2 cores for
+# util and ofi; about 9 min with libloom, the plugin and ncclnet_check, which CUDA_PLUGIN=0
+# leaves out); CUDA_BUILD=0 skips it, and so do extra arguments. Then the NCCL plugin's suite in the project's default build type
 # (plain `meson setup`: debugoptimized, no sanitizer), where the plugin's users build it and
 # where the dlclose cycles once behaved otherwise than under ASan (~2 min on 2 cores);
 # DEFAULT_BUILD=0 skips it, and so do extra arguments. Ends with one line
@@ -31,10 +32,20 @@ status=${PIPESTATUS[0]}
 set -e
 
 # The CUDA variant. Its tests: the driver table on the toolkit's stub library, selection and
-# registration decisions, and NIC selection on tcp and shm with FI_HMEM asked for.
+# registration decisions, NIC selection on tcp and shm with FI_HMEM asked for, and the plugin's
+# answers where a NIC grants device memory (ptrSupport, regMr's refusals, ncclnet_check
+# --device cuda skipped without a GPU, also through the stub driver).
 cuda=${CUDA_HOME:-/usr/local/cuda}
 cuda_tests=(util-config util-cuda-driver ofi-profile ofi-device-memory ofi-local-tcp
             ofi-local-shm ofi-rail-transfer-shm)
+cuda_targets=(test/test_util test/test_ofi)
+if [ "${CUDA_PLUGIN:-1}" != 0 ]; then
+  cuda_tests+=(nccl-props-tcp nccl-props-shm-cuda nccl-props-shm-host-only nccl-reg-args-tcp
+               nccl-reg-args-shm nccl-device-cuda-tcp nccl-device-cuda-shm
+               nccl-device-cuda-stub-shm nccl-settings-tcp)
+  cuda_targets+=(lib/nccl/libnccl-net-loom.so tools/ncclnet_check/ncclnet_check
+                 test/nccl/nccl_settings_test)
+fi
 if [ "${CUDA_BUILD:-1}" = 0 ] || [ $# -gt 0 ]; then
   echo "test.sh: the -Dcuda=enabled build is skipped (CUDA_BUILD=0 or a selection of tests)"
 elif [ ! -f "$cuda/include/cuda.h" ]; then
@@ -43,7 +54,7 @@ else
   cuda_start=$SECONDS
   cuda_build=${CUDA_BUILD_DIR:-$build-cuda}
   cuda_options=(-Dcuda=enabled -Dcudatoolkit="$cuda" -Dtests=enabled -Dbuildtype=debug
-                -Dbench=disabled -Dfuzz=disabled -Depmr=disabled)
+                -Dbench=enabled -Dfuzz=disabled -Depmr=disabled)
   set +e
   {
     if [ -d "$cuda_build/meson-private" ]; then
@@ -51,7 +62,7 @@ else
     else
       meson setup "$cuda_build" "${cuda_options[@]}" >/dev/null
     fi &&
-      ninja -C "$cuda_build" test/test_util test/test_ofi &&
+      ninja -C "$cuda_build" "${cuda_targets[@]}" &&
       meson test -C "$cuda_build" --no-rebuild --print-errorlogs --num-processes "$(nproc)" \
         "${cuda_tests[@]}"
   } 2>&1 | tee -a "$log"
@@ -73,7 +84,7 @@ else
       meson setup "$default_build" -Dtests=enabled -Dfuzz=disabled >/dev/null
     fi &&
       ninja -C "$default_build" lib/nccl/libnccl-net-loom.so tools/ncclnet_check/ncclnet_check \
-        libloom.so.0.1.0 providers/epmr/libepmr-fi.so &&
+        test/nccl/nccl_settings_test libloom.so.0.1.0 providers/epmr/libepmr-fi.so &&
       meson test -C "$default_build" --no-rebuild --print-errorlogs --num-processes "$(nproc)" \
         --suite nccl
   } 2>&1 | tee -a "$log"

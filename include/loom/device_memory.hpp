@@ -21,6 +21,12 @@ struct CudaDevice {
 // The GPUs the driver sees (possibly none). Throws loom::Error when CUDA cannot be used here.
 [[nodiscard]] std::vector<CudaDevice> cuda_devices();
 
+// The ordinal of the GPU whose memory `pointer` points into, as the driver says
+// (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL): for registering memory that another component
+// allocated (an NCCL plugin's regMr). Throws loom::Error when CUDA cannot be used here, or
+// when the driver does not take `pointer` for device memory.
+[[nodiscard]] int cuda_device_of(const void* pointer);
+
 // Device memory on one GPU (cuMemAlloc in its primary context), freed with its owner.
 class CudaBuffer {
  public:

@@ -135,6 +135,14 @@ class Communicator {
   // through it read or write those instead of what is now at the address.
   MemoryRegion register_memory(const void* data, std::size_t size,
                                MemoryType type = MemoryType::kHost, int device = 0);
+  // The same for CUDA memory handed over as a dmabuf too (what NCCL gives a net plugin):
+  // `data` is the range's address in this process, `dmabuf` the descriptor exporting it and
+  // where `data` lies in it. Registered through the dmabuf on NICs that take one
+  // (NicDescription::dmabuf), by address on the others. The descriptor is read during the call
+  // only. Throws loom::Error, also for a negative descriptor or host memory. (Context::
+  // register_memory has no dmabuf form.)
+  MemoryRegion register_memory(const void* data, std::size_t size, MemoryType type, int device,
+                               const Dmabuf& dmabuf);
   // Releases the region (and the provider registration with its last user). The handle is
   // invalid at once; a region that pending requests still use is released when the last of
   // them ended (the provider may still read or write through it until then), so its memory
@@ -267,6 +275,11 @@ struct NicDescription {
   // when it cannot.
   bool device_memory = false;
   std::string device_memory_note;
+  // CUDA memory can be registered through a dmabuf (loom::Dmabuf; loom's own exports use it
+  // too): device memory, libfabric 1.20 or later both at build and at run time, LOOM_CUDA_DMABUF,
+  // and no refusal by the provider so far; why not when it cannot.
+  bool dmabuf = false;
+  std::string dmabuf_note;
   // The port's data rate where the provider reports it (efa, verbs, cxi); 0 where it does not.
   std::uint64_t link_speed_mbps = 0;
   // The largest message isend takes through this NIC alone: a rendezvous message is striped

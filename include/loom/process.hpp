@@ -13,8 +13,9 @@ namespace loom {
 // (LOOM_PROVIDER, else FI_PROVIDER; all of them when it names none). Providers read their
 // parameters only from the environment, and loom never writes it (a write races every other
 // thread reading it): an application that wants them sets those its environment lacks before
-// it starts threads or makes a Context, as fi_p2p_bw does. loom logs (info) the ones missing
-// when its first context opens.
+// it starts threads or makes a Context, as fi_p2p_bw does, and the NCCL plugin (the
+// application where NCCL loads it) at its first init. loom logs (info) the ones missing when
+// its first context opens.
 [[nodiscard]] std::vector<ProviderSetting> recommended_provider_settings(const Config& config);
 
 // For a launcher or supervisor whose loom process was killed with its endpoints open: removes

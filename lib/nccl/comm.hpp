@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "loom/loom.hpp"
 #include "nccl/abi.hpp"
@@ -42,9 +43,12 @@ struct NetRequest {
 
 class NetComm {
  public:
-  NetComm(Kind kind, std::unique_ptr<Communicator> comm);
+  // `ptr_support` and `memory_note`: its device's (Device in registry.hpp), for regMr's checks.
+  NetComm(Kind kind, std::unique_ptr<Communicator> comm, int ptr_support, std::string memory_note);
 
   [[nodiscard]] Kind kind() const noexcept { return kind_; }
+  [[nodiscard]] int ptr_support() const noexcept { return ptr_support_; }
+  [[nodiscard]] const std::string& memory_note() const noexcept { return memory_note_; }
   [[nodiscard]] Communicator& comm() noexcept { return *comm_; }
   [[nodiscard]] SendComm& send() noexcept { return static_cast<SendComm&>(*comm_); }
   [[nodiscard]] RecvComm& recv() noexcept { return static_cast<RecvComm&>(*comm_); }
@@ -56,6 +60,8 @@ class NetComm {
  private:
   Kind kind_;
   std::unique_ptr<Communicator> comm_;
+  int ptr_support_;
+  std::string memory_note_;
   std::array<NetRequest, kMaxRequestsPerComm> requests_{};
   std::array<std::uint16_t, kMaxRequestsPerComm> free_{};
   std::size_t free_count_ = 0;

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "nccl/provider_settings.hpp"
+
 namespace loom::nccl {
 namespace {
 
@@ -49,6 +51,29 @@ std::uint64_t fnv1a(std::string_view text) {
   std::uint64_t hash = 0xcbf29ce484222325ULL;
   for (const char c : text) hash = (hash ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
   return hash;
+}
+
+// NCCL_PTR_* bits as NCCL's names, for the log.
+std::string ptr_text(int bits) {
+  std::string text = "NCCL_PTR_HOST";
+  if ((bits & abi::kPtrCuda) != 0) text += "|NCCL_PTR_CUDA";
+  if ((bits & abi::kPtrDmaBuf) != 0) text += "|NCCL_PTR_DMABUF";
+  return text;
+}
+
+// What memory NCCL may register on one NIC: host always; CUDA where the NIC grants device memory
+// (a CUDA build, FI_HMEM granted); DMA-BUF where it can also take a dmabuf (libfabric 1.20).
+void describe_memory(Device& device, const NicDescription& nic) {
+  if (!nic.device_memory) {
+    device.ptr_support = abi::kPtrHost;
+    device.memory_note = nic.device_memory_note;
+  } else if (!nic.dmabuf) {
+    device.ptr_support = abi::kPtrHost | abi::kPtrCuda;
+    device.memory_note = "no NCCL_PTR_DMABUF: " + nic.dmabuf_note;
+  } else {
+    device.ptr_support = abi::kPtrHost | abi::kPtrCuda | abi::kPtrDmaBuf;
+    device.memory_note.clear();
+  }
 }
 
 abi::LogLevel to_nccl(LogLevel level) {
@@ -112,6 +137,11 @@ void Registry::open_locked() {
   // loom's own lines are INFO for NCCL (NCCL_DEBUG=INFO shows them) unless LOOM_LOG_LEVEL
   // asks for something else than its default.
   if (config.log_level == "warn") config.log_level = "info";
+  if (!settings_applied_) {
+    // Before the first Context: libfabric reads them at its first fi_getinfo.
+    for (const std::string& line : apply_provider_settings(config)) log(abi::kLogInfo, line);
+    settings_applied_ = true;
+  }
   base_ = std::make_unique<Context>(config);
   devices_.clear();
   const auto nics = base_->nics();
@@ -122,12 +152,20 @@ void Registry::open_locked() {
                   .guid = fnv1a(nics[i].provider + "/" + nics[i].fabric + "/" + nics[i].name),
                   .speed_mbps = read_speed(nics[i]),
                   .max_bytes = std::min(kMaxBytes, nics[i].max_message_size)};
+    describe_memory(device, nics[i]);
     devices_.push_back(std::move(device));
   }
   std::string names;
   for (const auto& d : devices_) names += " " + d.name;
   log(abi::kLogInfo, "provider " + (nics.empty() ? std::string("?") : nics.front().provider) +
                          ", " + std::to_string(devices_.size()) + " device(s):" + names);
+  // Why a device takes no GPU memory (NCCL then stages every transfer through host memory).
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    const Device& d = devices_[i];
+    log(abi::kLogInfo, "device " + std::to_string(i) + " (" + d.name + "): ptrSupport " +
+                           ptr_text(d.ptr_support) +
+                           (d.memory_note.empty() ? std::string() : ": " + d.memory_note));
+  }
 }
 
 void Registry::finalize() {
@@ -173,16 +211,20 @@ int Registry::device_count() {
 Properties Registry::properties(int dev) {
   const std::lock_guard<std::mutex> lock(mutex_);
   check_device(dev);
+  // forceFlush 0 lets NCCL decide from the GPU and its path to the NIC (it flushes before
+  // Hopper and on C2C platforms); LOOM_FORCE_FLUSH asks it to flush every GPU receive.
   return Properties{.device = &devices_[static_cast<std::size_t>(dev)],
                     .max_comms = kMaxComms,
-                    .max_recvs = static_cast<int>(kMaxRecvBuffers)};
+                    .max_recvs = static_cast<int>(kMaxRecvBuffers),
+                    .force_flush = base_->config().force_flush ? 1 : 0};
 }
 
 int Registry::make_vdevice(std::span<const int> devs) {
   const std::lock_guard<std::mutex> lock(mutex_);
   if (!base_) throw std::invalid_argument("the plugin is not initialised");
   if (devs.empty()) throw std::invalid_argument("a virtual device fuses at least 1 device");
-  Device fused{.max_bytes = kMaxBytes};
+  Device fused{.max_bytes = kMaxBytes,
+               .ptr_support = abi::kPtrHost | abi::kPtrCuda | abi::kPtrDmaBuf};
   for (std::size_t i = 0; i < devs.size(); ++i) {
     check_device(devs[i]);
     const Device& part = devices_[static_cast<std::size_t>(devs[i])];
@@ -194,12 +236,21 @@ int Registry::make_vdevice(std::span<const int> devs) {
     fused.name += (i == 0 ? "" : "+") + part.name;
     fused.speed_mbps += part.speed_mbps;
     fused.max_bytes = std::min(fused.max_bytes, part.max_bytes);  // every rail takes its writes
+    // A buffer is registered on every NIC of the device: what all of them take. The note is
+    // the last NIC's that took bits away (bits only go, so it explains the final answer).
+    if ((fused.ptr_support & ~part.ptr_support) != 0) {
+      fused.memory_note = part.name + ": " + part.memory_note;
+      fused.ptr_support &= part.ptr_support;
+    }
     if (fused.pci_path.empty()) fused.pci_path = part.pci_path;
   }
   fused.guid = fnv1a("vdevice/" + fused.name);
   devices_.push_back(std::move(fused));
+  const Device& made = devices_.back();
   log(abi::kLogInfo,
-      "virtual device " + std::to_string(devices_.size() - 1) + " fuses " + devices_.back().name);
+      "virtual device " + std::to_string(devices_.size() - 1) + " fuses " + made.name +
+          ": ptrSupport " + ptr_text(made.ptr_support) +
+          (made.memory_note.empty() ? std::string() : " (" + made.memory_note + ")"));
   return static_cast<int>(devices_.size() - 1);
 }
 

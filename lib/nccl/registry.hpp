@@ -31,6 +31,10 @@ struct Device {
   std::uint64_t guid = 0;
   int speed_mbps = 0;
   std::size_t max_bytes = 0;  // the largest request: NCCL's 1 GiB, or less where a NIC says so
+  // The memory NCCL may register (NCCL_PTR_* bits), every NIC of the device taking it, and why
+  // not more (empty when it takes host, CUDA and DMA-BUF memory).
+  int ptr_support = abi::kPtrHost;
+  std::string memory_note;
 };
 
 // What getProperties reports, before it is written into a versioned struct.
@@ -38,6 +42,7 @@ struct Properties {
   const Device* device = nullptr;
   int max_comms = 0;
   int max_recvs = 0;
+  int force_flush = 0;
 };
 
 class Registry {
@@ -90,9 +95,10 @@ class Registry {
 
   std::mutex mutex_;
   std::atomic<abi::Logger> logger_{nullptr};
-  int inits_ = 0;           // v11 init contexts alive (v8-v10 count their one init)
-  int open_comms_ = 0;      // listeners and communicators not yet closed
-  bool finalized_ = false;  // v11's finalize came (v8-v10 never finalize)
+  int inits_ = 0;                  // v11 init contexts alive (v8-v10 count their one init)
+  int open_comms_ = 0;             // listeners and communicators not yet closed
+  bool finalized_ = false;         // v11's finalize came (v8-v10 never finalize)
+  bool settings_applied_ = false;  // provider settings: once per load, before the first Context
   std::unique_ptr<Context> base_;
   std::deque<Device> devices_;  // stable: NCCL keeps the name and pciPath pointers
   std::map<int, std::unique_ptr<Context>> device_contexts_;  // devices other than the base

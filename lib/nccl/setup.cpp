@@ -1,20 +1,28 @@
 // Setup entries: init/finalize, devices and properties, listen/connect/accept, registration
 // and close. NCCL calls these from its service thread (several communicators' at once).
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <iterator>
 #include <span>
 #include <string>
 #include <type_traits>
 
+#include <fcntl.h>
+
+#include "loom/device_memory.hpp"
 #include "nccl/comm.hpp"
 #include "nccl/guard.hpp"
 #include "nccl/registry.hpp"
 
 namespace loom::nccl {
 
-NetComm::NetComm(Kind kind, std::unique_ptr<Communicator> comm)
-    : kind_(kind), comm_(std::move(comm)) {
+NetComm::NetComm(Kind kind, std::unique_ptr<Communicator> comm, int ptr_support,
+                 std::string memory_note)
+    : kind_(kind),
+      comm_(std::move(comm)),
+      ptr_support_(ptr_support),
+      memory_note_(std::move(memory_note)) {
   for (std::size_t i = 0; i < free_.size(); ++i)
     free_[i] = static_cast<std::uint16_t>(free_.size() - 1 - i);
   free_count_ = free_.size();
@@ -27,6 +35,12 @@ template <typename T>
 void* release_to_nccl(std::unique_ptr<T> object) {
   Registry::get().opened();
   return object.release();
+}
+
+// A communicator of device `dev`, carrying what memory the device takes.
+std::unique_ptr<NetComm> make_comm(Kind kind, std::unique_ptr<Communicator> comm, int dev) {
+  const Device& device = *Registry::get().properties(dev).device;
+  return std::make_unique<NetComm>(kind, std::move(comm), device.ptr_support, device.memory_note);
 }
 
 // Takes an object back from NCCL and destroys it, then tells the registry (which may close
@@ -107,7 +121,7 @@ abi::Result properties(int dev, Props* props) {
     props->pciPath =
         p.device->pci_path.empty() ? nullptr : const_cast<char*>(p.device->pci_path.c_str());
     props->guid = p.device->guid;
-    props->ptrSupport = abi::kPtrHost;
+    props->ptrSupport = p.device->ptr_support;
     props->regIsGlobal = 0;  // loom's MR caches are per lane, not per process
     props->speed = p.device->speed_mbps;
     props->port = 1;
@@ -117,7 +131,7 @@ abi::Result properties(int dev, Props* props) {
     props->netDeviceType = abi::kDeviceHost;
     props->netDeviceVersion = 0;
     if constexpr (!std::is_same_v<Props, abi::PropertiesV8>) {
-      props->forceFlush = 0;
+      props->forceFlush = p.force_flush;
       const std::size_t ndevs = std::min(p.device->nics.size(), std::size(props->vProps.devs));
       props->vProps.ndevs = static_cast<int>(ndevs);
       for (std::size_t i = 0; i < ndevs; ++i) props->vProps.devs[i] = p.device->nics[i];
@@ -158,7 +172,7 @@ abi::Result connect(int dev, void* handle, void** send_comm, abi::DeviceHandle**
     *send_comm = nullptr;
     (void)dev_comm;  // offload handles come only with a non-HOST netDeviceType: left alone
     std::unique_ptr<SendComm> comm = Registry::get().connect(dev, handle);
-    if (comm) *send_comm = release_to_nccl(std::make_unique<NetComm>(Kind::kSend, std::move(comm)));
+    if (comm) *send_comm = release_to_nccl(make_comm(Kind::kSend, std::move(comm), dev));
     return abi::kSuccess;
   });
 }
@@ -170,7 +184,7 @@ abi::Result accept(void* listen_comm, void** recv_comm, abi::DeviceHandle** dev_
     (void)dev_comm;  // offload handles come only with a non-HOST netDeviceType: left alone
     auto& listener = expect<ListenComm>(listen_comm, Kind::kListen, "listen comm");
     std::unique_ptr<RecvComm> comm = listener.listener.accept();
-    if (comm) *recv_comm = release_to_nccl(std::make_unique<NetComm>(Kind::kRecv, std::move(comm)));
+    if (comm) *recv_comm = release_to_nccl(make_comm(Kind::kRecv, std::move(comm), listener.dev));
     return abi::kSuccess;
   });
 }
@@ -184,27 +198,83 @@ NetComm& any_comm(void* comm) {
 }
 }  // namespace
 
+namespace {
+
+// "NCCL_PTR_CUDA" for the log; the number for a type NCCL does not define.
+std::string type_text(int type) {
+  switch (type) {
+    case abi::kPtrHost:
+      return "NCCL_PTR_HOST";
+    case abi::kPtrCuda:
+      return "NCCL_PTR_CUDA";
+    case abi::kPtrDmaBuf:
+      return "NCCL_PTR_DMABUF";
+    default:
+      return "memory type " + std::to_string(type);
+  }
+}
+
+// Registers on `net` after the checks every form shares; `dmabuf` for regMrDmaBuf's.
+void* register_on(NetComm& net, void* data, std::size_t size, int type, const Dmabuf* dmabuf) {
+  if (type != abi::kPtrHost && type != abi::kPtrCuda)
+    throw InvalidArgument("unknown " + type_text(type) + " (NCCL_PTR_HOST or NCCL_PTR_CUDA)");
+  if (type == abi::kPtrCuda && (net.ptr_support() & abi::kPtrCuda) == 0)
+    throw InvalidArgument(
+        "NCCL_PTR_CUDA memory, but this device takes host memory only (ptrSupport "
+        "NCCL_PTR_HOST): " +
+        net.memory_note());
+  auto handle = std::make_unique<MemoryHandle>();
+  handle->comm = &net;
+  if (type == abi::kPtrHost) {
+    handle->region = net.comm().register_memory(data, size, MemoryType::kHost);
+  } else {
+    // NCCL names no device: the driver knows the one the memory lies on (loom::Error if not).
+    const int device = cuda_device_of(data);
+    handle->region =
+        dmabuf != nullptr
+            ? net.comm().register_memory(data, size, MemoryType::kCuda, device, *dmabuf)
+            : net.comm().register_memory(data, size, MemoryType::kCuda, device);
+  }
+  return handle.release();  // deregMr takes it back
+}
+
+}  // namespace
+
 abi::Result reg_mr(void* comm, void* data, std::size_t size, int type, void** mhandle) {
   return guard("regMr", [&] {
     if (mhandle == nullptr) throw InvalidArgument("NULL mhandle pointer");
     *mhandle = nullptr;
-    NetComm& net = any_comm(comm);
-    if (type != abi::kPtrHost)
-      throw InvalidArgument("memory type " + std::to_string(type) +
-                            " is not supported (ptrSupport is NCCL_PTR_HOST)");
-    auto handle = std::make_unique<MemoryHandle>();
-    handle->comm = &net;
-    handle->region = net.comm().register_memory(data, size, MemoryType::kHost);
-    *mhandle = handle.release();  // deregMr takes it back
+    *mhandle = register_on(any_comm(comm), data, size, type, nullptr);
     return abi::kSuccess;
   });
 }
 
+// NCCL exports CUDA memory as a dmabuf and hands the descriptor over (it closes it once this
+// returns); fd -1 means none, as NCCL's own IB plugin takes it, and registers as regMr does.
 abi::Result reg_mr_dmabuf(void* comm, void* data, std::size_t size, int type, std::uint64_t offset,
                           int fd, void** mhandle) {
-  if (type == abi::kPtrHost && fd < 0 && offset == 0)
-    return reg_mr(comm, data, size, type, mhandle);
-  return fail("regMrDmaBuf", abi::kInvalidUsage, "DMA-BUF registration is not supported");
+  return guard("regMrDmaBuf", [&] {
+    if (mhandle == nullptr) throw InvalidArgument("NULL mhandle pointer");
+    *mhandle = nullptr;
+    NetComm& net = any_comm(comm);
+    if (fd == -1) {
+      *mhandle = register_on(net, data, size, type, nullptr);
+      return abi::kSuccess;
+    }
+    if (fd < 0) throw InvalidArgument("bad dmabuf file descriptor " + std::to_string(fd));
+    if (::fcntl(fd, F_GETFD) == -1)
+      throw InvalidArgument("dmabuf file descriptor " + std::to_string(fd) +
+                            " is not open: " + std::strerror(errno));
+    if (type != abi::kPtrCuda)
+      throw InvalidArgument("a dmabuf of " + type_text(type) +
+                            ": only NCCL_PTR_CUDA memory comes as a dmabuf");
+    if ((net.ptr_support() & abi::kPtrDmaBuf) == 0)
+      throw InvalidArgument("a dmabuf registration on a device that takes none: " +
+                            net.memory_note());
+    const Dmabuf dmabuf{.fd = fd, .offset = offset};
+    *mhandle = register_on(net, data, size, type, &dmabuf);
+    return abi::kSuccess;
+  });
 }
 
 abi::Result dereg_mr(void* comm, void* mhandle) {

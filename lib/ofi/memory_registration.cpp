@@ -33,29 +33,44 @@ std::string region_text(const void* base, std::size_t length) {
 }  // namespace
 
 // What every fid_mr of one MemoryRegistration shares: the range, its memory type, and for CUDA
-// memory the driver and the dmabuf export (made at the first NIC that takes one, closed once
-// the registration is made: the provider holds the memory from then on).
+// memory the driver and the dmabuf: the caller's (`external`), or loom's own export (made at the
+// first NIC that takes one, closed once the registration is made: the provider holds the
+// memory from then on).
 struct MemoryRegistration::Source {
   const void* base;
   std::size_t length;
   MemoryType type;
   int device;
-  util::cuda::Driver* driver;  // null for host memory without a loaded driver
+  const Dmabuf* external = nullptr;      // the caller's dmabuf (register_memory's dmabuf form)
+  util::cuda::Driver* driver = nullptr;  // null for host memory without a loaded driver
   std::optional<util::cuda::DmabufRange> dmabuf;
   bool dmabuf_failed = false;  // the driver would not export it: by address on every NIC
   bool device_only = false;    // CUDA memory the host cannot touch (FI_HMEM_DEVICE_ONLY)
+
+  // Where the dmabuf of a kCudaDmabuf registration lies.
+  [[nodiscard]] DmabufSource dmabuf_source() const {
+    if (external != nullptr) return caller_dmabuf(base, *external);
+    return {dmabuf->fd.get(), dmabuf->offset, dmabuf->start};
+  }
 };
 
 FidPtr<fid_mr> MemoryRegistration::register_on(Nic& nic, Source& source, const std::string& where) {
   const NicAttributes& attributes = nic.attributes();
+  // A caller's dmabuf is exported already: what the driver would export does not matter.
   DmabufFacts facts{.linked_version = fi_version(),
                     .enabled = attributes.cuda_dmabuf,
-                    .device = source.driver != nullptr && source.type == MemoryType::kCuda &&
-                              source.driver->dmabuf_supported(source.device),
+                    .device = source.external != nullptr ||
+                              (source.driver != nullptr && source.type == MemoryType::kCuda &&
+                               source.driver->dmabuf_supported(source.device)),
                     .refused = nic.dmabuf_refused()};
   facts.compiled = facts.compiled && attributes.api_version >= kDmabufApiVersion;
   RegistrationPath path = choose_path(source.type, facts);
-  if (path == RegistrationPath::kCudaDmabuf && !source.dmabuf && !source.dmabuf_failed) {
+  if (source.external != nullptr && path != RegistrationPath::kCudaDmabuf) {
+    util::log().info("{}: the caller's dmabuf is not used ({}); registering by address", where,
+                     dmabuf_refusal(facts));
+  }
+  if (path == RegistrationPath::kCudaDmabuf && source.external == nullptr && !source.dmabuf &&
+      !source.dmabuf_failed) {
     try {
       source.dmabuf = source.driver->dmabuf_range(source.base, source.length, source.device);
     } catch (const Error& e) {
@@ -63,14 +78,12 @@ FidPtr<fid_mr> MemoryRegistration::register_on(Nic& nic, Source& source, const s
       source.dmabuf_failed = true;
     }
   }
-  if (source.dmabuf_failed) path = RegistrationPath::kCudaAddress;
+  if (source.dmabuf_failed && source.external == nullptr) path = RegistrationPath::kCudaAddress;
   const std::uint64_t key = attributes.prov_key ? 0 : nic.next_requested_key();
   MrArguments arguments;
   const auto attempt = [&](RegistrationPath how) {
     DmabufSource dmabuf;
-    if (how == RegistrationPath::kCudaDmabuf) {
-      dmabuf = {source.dmabuf->fd.get(), source.dmabuf->offset, source.dmabuf->start};
-    }
+    if (how == RegistrationPath::kCudaDmabuf) dmabuf = source.dmabuf_source();
     fill_mr_arguments(arguments, how, source.base, source.length, source.device, kAccess, key,
                       &dmabuf, source.device_only && attributes.cuda_ipc);
     fid_mr* mr = nullptr;
@@ -101,7 +114,7 @@ FidPtr<fid_mr> MemoryRegistration::register_on(Nic& nic, Source& source, const s
 
 MemoryRegistration::MemoryRegistration(std::span<const RegistrationTarget> targets,
                                        const void* base, std::size_t length, MemoryType type,
-                                       int device)
+                                       int device, const Dmabuf* dmabuf)
     : base_(base), length_(length), type_(type), device_(device) {
   std::string provider = targets.empty() ? "" : targets.front().nic->attributes().provider;
   if (targets.empty()) throw Error("register memory", "", FI_EINVAL, "no rails to register on");
@@ -113,11 +126,20 @@ MemoryRegistration::MemoryRegistration(std::span<const RegistrationTarget> targe
     throw Error("register memory", provider, FI_EINVAL,
                 "zero-length region at " + region_text(base, length));
   }
+  if (dmabuf != nullptr && type != MemoryType::kCuda) {
+    throw Error("register memory", provider, FI_EINVAL,
+                region_text(base, length) + ": a dmabuf registration is for CUDA memory");
+  }
+  if (dmabuf != nullptr && dmabuf->fd < 0) {
+    throw Error(
+        "register memory", provider, FI_EBADF,
+        region_text(base, length) + ": dmabuf file descriptor " + std::to_string(dmabuf->fd));
+  }
   if (type == MemoryType::kCuda && !LOOM_HAVE_CUDA) {
     throw Error("register memory", provider, FI_EOPNOTSUPP,
                 "device memory needs a loom built with -Dcuda=enabled");
   }
-  Source source{base, length, type, device, nullptr, std::nullopt, false};
+  Source source{.base = base, .length = length, .type = type, .device = device, .external = dmabuf};
   check_memory(targets, source, provider);
   const NicAttributes& attributes = targets.front().nic->attributes();
   virt_addr_ = attributes.virt_addr;

@@ -33,9 +33,12 @@ class MemoryRegistration {
  public:
   // Registers [base, base + length) on every target in `targets` (indexed by their index). The
   // rails behind them must outlive the registration; RailSet's declaration order guarantees it.
-  // Throws loom::Error naming the rail, provider and fi_strerror text.
+  // `dmabuf`: CUDA memory the caller exported (loom::Dmabuf), registered through it where the NIC
+  // takes a dmabuf and by address elsewhere; read during the call only. Throws loom::Error
+  // naming the rail, provider and fi_strerror text.
   MemoryRegistration(std::span<const RegistrationTarget> targets, const void* base,
-                     std::size_t length, MemoryType type = MemoryType::kHost, int device = 0);
+                     std::size_t length, MemoryType type = MemoryType::kHost, int device = 0,
+                     const Dmabuf* dmabuf = nullptr);
   ~MemoryRegistration();
   MemoryRegistration(const MemoryRegistration&) = delete;
   MemoryRegistration& operator=(const MemoryRegistration&) = delete;

@@ -55,6 +55,11 @@ RegistrationPath choose_path(MemoryType type, const DmabufFacts& facts) {
                                        : RegistrationPath::kCudaAddress;
 }
 
+DmabufSource caller_dmabuf(const void* base, const Dmabuf& dmabuf) noexcept {
+  const std::uintptr_t start = reinterpret_cast<std::uintptr_t>(base) - dmabuf.offset;
+  return {dmabuf.fd, dmabuf.offset, reinterpret_cast<const void*>(start)};
+}
+
 void fill_mr_arguments(MrArguments& arguments, RegistrationPath path, const void* base,
                        std::size_t length, int device, std::uint64_t access,
                        std::uint64_t requested_key, const DmabufSource* dmabuf, bool device_only) {

@@ -58,6 +58,10 @@ struct DmabufSource {
   const void* start = nullptr;
 };
 
+// Where a caller's dmabuf (loom::Dmabuf) lies for a registration of `base`: `base` begins
+// dmabuf.offset bytes into it, so the address at its offset 0 is `base` less the offset.
+[[nodiscard]] DmabufSource caller_dmabuf(const void* base, const Dmabuf& dmabuf) noexcept;
+
 // What fi_mr_regattr reads. `attr` points into the object itself: keep it where it is.
 struct MrArguments {
   MrArguments() = default;

@@ -10,6 +10,7 @@
 #include <rdma/fi_domain.h>
 
 #include "ofi/error.hpp"
+#include "ofi/mr_attributes.hpp"
 #include "providers/profile.hpp"
 #include "util/log.hpp"
 
@@ -132,5 +133,15 @@ Nic::Nic(InfoPtr info, NicOptions options)
 }
 
 Nic::~Nic() = default;
+
+std::string Nic::dmabuf_note() const {
+  if (!attributes_.device_memory) return attributes_.device_memory_note;
+  DmabufFacts facts{.linked_version = fi_version(),
+                    .enabled = attributes_.cuda_dmabuf,
+                    .device = true,
+                    .refused = dmabuf_refused()};
+  facts.compiled = facts.compiled && attributes_.api_version >= kDmabufApiVersion;
+  return dmabuf_refusal(facts);
+}
 
 }  // namespace loom::ofi

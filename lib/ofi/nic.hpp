@@ -96,6 +96,11 @@ class Nic {
   // NIC from then on.
   [[nodiscard]] bool dmabuf_refused() const noexcept { return dmabuf_refused_.load(); }
   void refuse_dmabuf() noexcept { dmabuf_refused_.store(true); }
+  // Why CUDA memory cannot be registered through a dmabuf file descriptor on this NIC (no
+  // device memory, libfabric older than 1.20 at build or run time, LOOM_CUDA_DMABUF=0, or a
+  // refusal already); empty when it can. Whether a GPU's driver exports one is not the NIC's
+  // business: that is checked where memory is exported.
+  [[nodiscard]] std::string dmabuf_note() const;
 
  private:
   // Declaration order is destruction order, reversed: domain closes before fabric, then info.

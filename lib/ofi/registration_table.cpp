@@ -33,7 +33,7 @@ RegistrationTable::Key RegistrationTable::key_of(const MemoryRegistration& regis
 }
 
 MemoryRegistration& RegistrationTable::acquire(const void* pointer, std::size_t length,
-                                               MemoryType type, int device) {
+                                               MemoryType type, int device, const Dmabuf* dmabuf) {
   auto start = reinterpret_cast<std::uintptr_t>(pointer);
   auto end = start + length;
   // Device allocations may not extend to a page boundary; only host ranges are widened.
@@ -50,11 +50,12 @@ MemoryRegistration& RegistrationTable::acquire(const void* pointer, std::size_t 
   }
   ++stats_.misses;
   // Registers the caller's exact range when it is invalid, so the error names it.
+  // (A dmabuf's range is never widened: only host ranges are.)
   auto registration =
       pointer == nullptr || length == 0
-          ? std::make_unique<MemoryRegistration>(targets_, pointer, length, type, device)
+          ? std::make_unique<MemoryRegistration>(targets_, pointer, length, type, device, dmabuf)
           : std::make_unique<MemoryRegistration>(targets_, reinterpret_cast<const void*>(start),
-                                                 end - start, type, device);
+                                                 end - start, type, device, dmabuf);
   MemoryRegistration& result = *registration;
   stats_.registrations += result.registrations();
   stats_.bytes += result.length();

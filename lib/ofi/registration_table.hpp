@@ -36,10 +36,13 @@ class RegistrationTable {
   RegistrationTable& operator=(const RegistrationTable&) = delete;
 
   // A registration covering [pointer, pointer + length), with a reference taken. Host memory
-  // is widened to whole pages so neighbouring buffers in use at once share entries. Throws
-  // loom::Error.
+  // is widened to whole pages so neighbouring buffers in use at once share entries. `dmabuf`
+  // (CUDA memory the caller exported) is used where a new registration is made; a registration
+  // of the same range in use already is shared whichever way it was made (the same memory).
+  // Throws loom::Error.
   MemoryRegistration& acquire(const void* pointer, std::size_t length,
-                              MemoryType type = MemoryType::kHost, int device = 0);
+                              MemoryType type = MemoryType::kHost, int device = 0,
+                              const Dmabuf* dmabuf = nullptr);
   // Drops a reference; the last one deregisters (closes the fid_mr objects) at once.
   void release(MemoryRegistration& registration);
 

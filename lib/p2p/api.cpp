@@ -40,6 +40,12 @@ MemoryRegion Communicator::register_memory(const void* data, std::size_t size, M
   return comm_->register_memory(data, size, type, device);
 }
 
+MemoryRegion Communicator::register_memory(const void* data, std::size_t size, MemoryType type,
+                                           int device, const Dmabuf& dmabuf) {
+  if (!comm_) throw Error("register memory", "", 0, "communicator is closed");
+  return comm_->register_memory(data, size, type, device, &dmabuf);
+}
+
 void Communicator::deregister(MemoryRegion region) {
   if (comm_) comm_->deregister(region);
 }
@@ -195,6 +201,8 @@ std::vector<NicDescription> Context::nics() const {
   const auto& localities = core_->localities();
   for (std::size_t i = 0; i < core_->nics().size(); ++i) {
     const auto& a = core_->nics()[i]->attributes();
+    std::string dmabuf_note = core_->nics()[i]->dmabuf_note();
+    const bool dmabuf = dmabuf_note.empty();
     out.push_back(
         {.name = a.domain,
          .provider = a.provider,
@@ -204,6 +212,8 @@ std::vector<NicDescription> Context::nics() const {
          .locality = i < localities.size() ? localities[i] : std::string(),
          .device_memory = a.device_memory,
          .device_memory_note = a.device_memory_note,
+         .dmabuf = dmabuf,
+         .dmabuf_note = std::move(dmabuf_note),
          .link_speed_mbps = a.link_speed_bps / 1'000'000,
          .max_message_size = p2p::max_message_size(a.max_msg_size),
          .eager_max = p2p::eager_limit(core_->config().eager_max, a.max_msg_size,

@@ -157,12 +157,12 @@ void Comm::connect_peer(const LaneAddresses& peer) {
   }
 }
 
-MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryType type,
-                                   int device) {
+MemoryRegion Comm::register_memory(const void* data, std::size_t size, MemoryType type, int device,
+                                   const Dmabuf* dmabuf) {
   std::lock_guard lock(lane_->lock());
   if (closed_) throw Error("register memory", settings_.provider, 0, "communicator is closed");
   ofi::MemoryRegistration& registration =
-      lane_->rails().registration_table().acquire(data, size, type, device);
+      lane_->rails().registration_table().acquire(data, size, type, device, dmabuf);
   std::uint32_t slot;
   if (free_registrations_.empty()) {
     slot = static_cast<std::uint32_t>(registrations_.size());

@@ -79,7 +79,8 @@ class Comm : public mux::CommPort {
   // Inserts the peer's lane addresses; from now on the communicator can reach its peer.
   void connect_peer(const LaneAddresses& peer);
 
-  MemoryRegion register_memory(const void* data, std::size_t size, MemoryType type, int device);
+  MemoryRegion register_memory(const void* data, std::size_t size, MemoryType type, int device,
+                               const Dmabuf* dmabuf = nullptr);
   void deregister(MemoryRegion region);
   // The user's handle of a request it posted (valid while the request is kPending).
   [[nodiscard]] loom::Request handle_of(const Request& request) const noexcept {

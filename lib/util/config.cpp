@@ -241,7 +241,8 @@ constexpr Row kTable[] = {
     "writes longer ones itself (0: faster on shm at 8 KiB-1 MiB, up to 1.8x the 8 KiB rate, but "
     "such a peer holds up every other's completions on the lane)"),
   flag<&Config::force_flush>("LOOM_FORCE_FLUSH", "0",
-    "run iflush's read even for host memory (tests the GPU path)"),
+    "run iflush's read even for host memory (tests the GPU path); the NCCL plugin then "
+    "reports forceFlush 1, so that NCCL flushes every GPU receive"),
   flag<&Config::device_memory>("LOOM_DEVICE_MEMORY", "1",
     "in a build with CUDA, ask the provider for FI_HMEM so that CUDA memory can be registered; "
     "0 = host memory only (shm with FI_HMEM drops its fast paths for host memory too)"),

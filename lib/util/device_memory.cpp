@@ -1,6 +1,8 @@
-// loom::CudaBuffer and cuda_devices(), on the process's CUDA driver table.
+// loom::CudaBuffer, cuda_devices() and cuda_device_of(), on the process's CUDA driver table.
 #include "loom/device_memory.hpp"
 
+#include <cstdio>
+#include <string>
 #include <utility>
 
 #include "loom/error.hpp"
@@ -29,6 +31,22 @@ std::vector<CudaDevice> cuda_devices() {
         {.ordinal = i, .name = driver.device_name(i), .pci_bus_id = driver.pci_bus_id(i)});
   }
   return devices;
+}
+
+int cuda_device_of(const void* pointer) {
+  const util::cuda::PointerInfo info = util::cuda::Driver::instance().pointer_info(pointer);
+  char address[32];
+  std::snprintf(address, sizeof address, "%p", pointer);
+  if (info.kind == util::cuda::PointerKind::kHost) {
+    throw Error("find the CUDA device of memory", "", 0,
+                std::string(address) + " is host memory, not CUDA device memory");
+  }
+  if (info.kind != util::cuda::PointerKind::kDevice || info.device < 0) {
+    throw Error("find the CUDA device of memory", "", 0,
+                "the CUDA driver cannot tell which device " + std::string(address) +
+                    " lies on (cuPointerGetAttribute failed)");
+  }
+  return info.device;
 }
 
 CudaBuffer::CudaBuffer(int device, std::size_t size) : size_(size), device_(device) {

@@ -173,6 +173,11 @@ TEST_CASE("device memory: fi_mr_attr for host, CUDA by address and CUDA by dmabu
   CHECK(host_only_flag.flags == 0);  // never for host memory
 
   const ofi::DmabufSource source{.fd = 42, .offset = 100, .start = memory.data()};
+  // A caller's dmabuf (loom::Dmabuf, an NCCL plugin's regMrDmaBuf) describes the same thing.
+  const ofi::DmabufSource caller = ofi::caller_dmabuf(base, Dmabuf{.fd = 42, .offset = 100});
+  CHECK(caller.fd == source.fd);
+  CHECK(caller.offset == source.offset);
+  CHECK(caller.start == source.start);
   ofi::MrArguments dmabuf;
 #if LOOM_FI_DMABUF
   ofi::fill_mr_arguments(dmabuf, RegistrationPath::kCudaDmabuf, base, 4000, 3, kAccess, 0, &source);
@@ -248,6 +253,27 @@ TEST_CASE("device memory: each NIC says whether it takes device memory, and why 
   CHECK_THROWS_WITH(ofi::MemoryRegistration(ofi::registration_targets(fabric.rails->rails()),
                                             buffer.data(), buffer.size(), MemoryType::kCuda, 0),
                     Catch::Contains("CUDA", Catch::CaseSensitive::No));
+  // A caller's dmabuf: CUDA memory only, and a descriptor that can be one.
+  const Dmabuf dmabuf{.fd = 0, .offset = 0};
+  CHECK_THROWS_WITH(
+      ofi::MemoryRegistration(ofi::registration_targets(fabric.rails->rails()), buffer.data(),
+                              buffer.size(), MemoryType::kHost, 0, &dmabuf),
+      Catch::Contains("a dmabuf registration is for CUDA memory"));
+  const Dmabuf negative{.fd = -3, .offset = 0};
+  CHECK_THROWS_WITH(
+      ofi::MemoryRegistration(ofi::registration_targets(fabric.rails->rails()), buffer.data(),
+                              buffer.size(), MemoryType::kCuda, 0, &negative),
+      Catch::Contains("dmabuf file descriptor -3"));
+  // Whether the NIC takes dmabufs: never without device memory, nor with libfabric < 1.20.
+  for (const auto& opened : ofi::open_nics(Config::from_env())) {
+    const std::string note = opened->dmabuf_note();
+    INFO(opened->attributes().domain << ": " << note);
+    if (!opened->attributes().device_memory) {
+      CHECK(note == opened->attributes().device_memory_note);
+    } else if (!LOOM_FI_DMABUF || fi_version() < ofi::kDmabufApiVersion) {
+      CHECK_THAT(note, Catch::Contains("1.20"));
+    }
+  }
 }
 
 }  // namespace loom::test

@@ -10,12 +10,15 @@
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <memory>
+#include <span>
 
 #include <nlohmann/json.hpp>
 #include <sched.h>
 #include <sys/mman.h>
 
 #include "ncclnet_cases.hpp"
+#include "ncclnet_cuda.hpp"
 
 namespace ncclnet {
 namespace {
@@ -76,11 +79,38 @@ class Mr {
   void* mhandle_ = nullptr;
 };
 
+// The buffer messages go from and into: fi_p2p_bw's 2 MiB-aligned host mapping, or GPU memory
+// (--device cuda, a Buffer registered as the cases' are). The 4-byte acks stay in host memory.
+class DataBuffer {
+ public:
+  DataBuffer(Plugin& plugin, void* comm, std::size_t size) {
+    if (memory().separate()) {
+      gpu_ = std::make_unique<Buffer>(plugin, comm, size);
+    } else {
+      host_ = std::make_unique<HugeBuffer>(size);
+      mr_ = std::make_unique<Mr>(plugin, comm, host_->data(), size);
+    }
+  }
+  [[nodiscard]] void* data() const noexcept { return gpu_ ? gpu_->wire() : host_->data(); }
+  [[nodiscard]] void* mhandle() const noexcept { return gpu_ ? gpu_->mhandle() : mr_->get(); }
+  // GPU memory: each receive is flushed, as NCCL flushes GPU memory it received into.
+  void flush(Plugin& plugin, void* comm, std::size_t size, Rank& rank) {
+    if (!gpu_) return;
+    Buffer* one = gpu_.get();
+    const int sizes[] = {static_cast<int>(size)};
+    flush_received(plugin, comm, std::span<Buffer* const>(&one, 1), sizes, rank);
+  }
+
+ private:
+  std::unique_ptr<Buffer> gpu_;
+  std::unique_ptr<HugeBuffer> host_;
+  std::unique_ptr<Mr> mr_;  // declared after host_: deregistered before it is unmapped
+};
+
 void client(Plugin& plugin, Rank& rank, Link& link, const BwOptions& o, std::vector<Row>& rows) {
   const std::size_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
-  HugeBuffer buffer(largest);
+  DataBuffer buffer(plugin, link.send, largest);
   HugeBuffer ack(4096);
-  Mr mr(plugin, link.send, buffer.data(), largest);
   Mr ack_mr(plugin, link.recv, ack.data(), 4096);
   ProgressThread progress;
   for (const std::size_t size : o.sizes) {
@@ -96,7 +126,8 @@ void client(Plugin& plugin, Rank& rank, Link& link, const BwOptions& o, std::vec
         void* mh = ack_mr.get();
         void* ack_request = post_recv(plugin, link.recv, 1, &data, &capacity, &tag, &mh, rank);
         for (std::size_t i = 0; i < count; ++i)
-          requests[i] = post_send(plugin, link.send, buffer.data(), size, 1, mr.get(), rank);
+          requests[i] =
+              post_send(plugin, link.send, buffer.data(), size, 1, buffer.mhandle(), rank);
         for (std::size_t i = 0; i < count; ++i)
           wait_done(plugin, requests[i], nullptr, kSendWait, rank);
         wait_done(plugin, ack_request, nullptr, kAckWait, rank);
@@ -127,9 +158,8 @@ void client(Plugin& plugin, Rank& rank, Link& link, const BwOptions& o, std::vec
 
 void server(Plugin& plugin, Rank& rank, Link& link, const BwOptions& o) {
   const std::size_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
-  HugeBuffer buffer(largest);
+  DataBuffer buffer(plugin, link.recv, largest);
   HugeBuffer ack(4096);
-  Mr mr(plugin, link.recv, buffer.data(), largest);
   Mr ack_mr(plugin, link.send, ack.data(), 4096);
   ProgressThread progress;
   // Two windows posted at once unless that exceeds the requests a comm may hold.
@@ -154,7 +184,7 @@ void server(Plugin& plugin, Rank& rank, Link& link, const BwOptions& o) {
           void* data = buffer.data();
           std::size_t capacity = size;
           int tag = 1;
-          void* mh = mr.get();
+          void* mh = buffer.mhandle();
           requests.push_back(post_recv(plugin, link.recv, 1, &data, &capacity, &tag, &mh, rank));
         }
         posted.push_back(std::move(requests));
@@ -163,7 +193,10 @@ void server(Plugin& plugin, Rank& rank, Link& link, const BwOptions& o) {
       while (next < windows.size() && posted.size() < ahead) post();
       // As fi_p2p_bw: wait for a window, ack it, then post the one after the next.
       while (!posted.empty()) {
-        for (void* r : posted.front()) wait_done(plugin, r, nullptr, kRecvWait, rank);
+        for (void* r : posted.front()) {
+          wait_done(plugin, r, nullptr, kRecvWait, rank);
+          buffer.flush(plugin, link.recv, size, rank);
+        }
         posted.pop_front();
         void* request = post_send(plugin, link.send, ack.data(), 4, 2, ack_mr.get(), rank);
         wait_done(plugin, request, nullptr, kAckWait, rank);
@@ -197,6 +230,7 @@ std::string run_bandwidth(const BwOptions& o) {
     }
     Plugin plugin(o.plugin, o.version);
     plugin.init();
+    prepare_memory(plugin, o.dev);
     const int peer = 1 - rank.rank();
     auto links = establish(plugin, rank, o.dev, peer, peer);
     std::vector<Row> rows;

@@ -1,18 +1,27 @@
-// Shared helpers and the single-communicator cases: sizes, grouped receives, a window of
-// requests with NULL-request retries, a message larger than its receive buffer.
+// Shared helpers (buffers in the run's memory, flushes after receives) and the
+// single-communicator cases: sizes, grouped receives, a window of requests with NULL-request
+// retries, a message larger than its receive buffer, registration arguments to refuse.
 #include "ncclnet_cases.hpp"
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <thread>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "ncclnet_cuda.hpp"
 
 namespace ncclnet {
 
@@ -54,18 +63,136 @@ void close_links(Plugin& plugin, std::vector<Link>& links) {
   }
 }
 
+namespace {
+
+// What prepare_memory decided for this rank's GPU buffers.
+struct GpuRegistration {
+  std::string no_dmabuf;  // why buffers go by address only; empty: every other one by dmabuf
+  std::atomic<std::uint64_t> made{0};  // GPU buffers registered so far (by any thread)
+};
+GpuRegistration gpu_registration;
+
+// Registers GPU memory as NCCL does: through a dmabuf where it may (NCCL closes the descriptor
+// once the plugin returned), else by address with NCCL_PTR_CUDA.
+void register_gpu(Plugin& plugin, void* comm, void* data, std::size_t size, void** mhandle) {
+  const bool dmabuf = gpu_registration.no_dmabuf.empty() && gpu_registration.made++ % 2 == 1;
+  if (!dmabuf) {
+    check(plugin.reg_mr(comm, data, size, abi::kPtrCuda, mhandle), "regMr (NCCL_PTR_CUDA)");
+    return;
+  }
+  const cuda::DmabufExport exported = cuda::export_dmabuf(memory().gpu, data, size);
+  const abi::Result result =
+      plugin.reg_mr_dmabuf(comm, data, size, abi::kPtrCuda, exported.offset, exported.fd, mhandle);
+  ::close(exported.fd);
+  check(result, "regMrDmaBuf (NCCL_PTR_CUDA, offset " + std::to_string(exported.offset) + ")");
+}
+
+}  // namespace
+
 Buffer::Buffer(Plugin& plugin, void* comm, std::size_t size)
     : plugin_(plugin), comm_(comm), bytes_(std::max<std::size_t>(size, 1)) {
-  check(plugin_.reg_mr(comm_, bytes_.data(), bytes_.size(), &mhandle_), "regMr");
+  if (!memory().separate()) {
+    check(plugin_.reg_mr(comm_, bytes_.data(), bytes_.size(), &mhandle_), "regMr");
+    return;
+  }
+  if (memory().staged) {
+    staged_.resize(bytes_.size());
+    device_ = staged_.data();
+    check(plugin_.reg_mr(comm_, device_, bytes_.size(), &mhandle_), "regMr (staged)");
+    return;
+  }
+  device_ = cuda::allocate(memory().gpu, bytes_.size());
+  try {
+    register_gpu(plugin_, comm_, device_, bytes_.size(), &mhandle_);
+  } catch (...) {
+    cuda::release(memory().gpu, device_);
+    throw;
+  }
 }
 
 Buffer::~Buffer() {
   deregister();
+  if (memory().cuda && device_ != nullptr) cuda::release(memory().gpu, device_);
+}
+
+void Buffer::upload() {
+  if (memory().staged) std::memcpy(device_, bytes_.data(), bytes_.size());
+  if (memory().cuda) cuda::copy_to_device(memory().gpu, device_, bytes_.data(), bytes_.size());
+}
+
+void Buffer::download() {
+  if (memory().staged) std::memcpy(bytes_.data(), device_, bytes_.size());
+  if (memory().cuda) cuda::copy_to_host(memory().gpu, bytes_.data(), device_, bytes_.size());
 }
 
 void Buffer::deregister() {
   if (mhandle_ != nullptr) plugin_.dereg_mr(comm_, mhandle_);
   mhandle_ = nullptr;
+}
+
+std::string prepare_memory(Plugin& plugin, int dev) {
+  if (memory().staged)
+    return "host memory staged as GPU memory is (the tool's GPU path without a GPU): buffers "
+           "apart from the bytes checked, copied to and from them, every receive flushed";
+  if (!memory().cuda) return {};
+  const int gpu = memory().gpu;
+  const DeviceProps props = plugin.properties(dev);
+  if ((props.ptr_support & abi::kPtrCuda) == 0) {
+    std::string why;
+    for (const LogLine& line : log_since(0))
+      if (line.text.find("ptrSupport") != std::string::npos &&
+          line.text.find(props.name) != std::string::npos)
+        why = line.text;
+    throw SkipError("plugin device " + std::to_string(dev) + " (" + props.name +
+                    ") takes no CUDA memory (ptrSupport without NCCL_PTR_CUDA)" +
+                    (why.empty() ? std::string() : "; the plugin says: " + why));
+  }
+  if (const std::string missing = cuda::unavailable(gpu); !missing.empty())
+    throw SkipError("no GPU for --device cuda:" + std::to_string(gpu) + ": " + missing);
+  gpu_registration.made = 0;
+  if ((props.ptr_support & abi::kPtrDmaBuf) == 0)
+    gpu_registration.no_dmabuf = "the plugin's ptrSupport has no NCCL_PTR_DMABUF";
+  else
+    gpu_registration.no_dmabuf = cuda::dmabuf_unavailable(gpu);
+  return "CUDA device " + std::to_string(gpu) + " (" + cuda::device_name(gpu) +
+         "), buffers registered with NCCL_PTR_CUDA" +
+         (gpu_registration.no_dmabuf.empty()
+              ? std::string(", every other one through a dmabuf (regMrDmaBuf)")
+              : " by address only: " + gpu_registration.no_dmabuf) +
+         "; every receive flushed (iflush), bytes checked on the host";
+}
+
+void flush_received(Plugin& plugin, void* recv_comm, std::span<Buffer* const> buffers,
+                    const int* sizes, Rank& rank) {
+  if (!memory().separate()) return;
+  std::array<void*, 8> data{}, mhandles{};
+  std::array<int, 8> flushed{};
+  bool any = false;
+  for (std::size_t i = 0; i < buffers.size() && i < data.size(); ++i) {
+    data[i] = buffers[i]->wire();
+    mhandles[i] = buffers[i]->mhandle();
+    flushed[i] = sizes[i];
+    any = any || sizes[i] > 0;
+  }
+  if (any) {  // NCCL flushes only what received bytes
+    void* request = nullptr;
+    check(plugin.iflush(recv_comm, static_cast<int>(buffers.size()), data.data(), flushed.data(),
+                        mhandles.data(), &request),
+          "iflush");
+    if (request != nullptr) wait_done(plugin, request, nullptr, "iflush", rank);
+  }
+}
+
+void after_receive(Plugin& plugin, void* recv_comm, std::span<Buffer* const> buffers,
+                   const int* sizes, Rank& rank) {
+  if (!memory().separate()) return;
+  flush_received(plugin, recv_comm, buffers, sizes, rank);
+  for (Buffer* buffer : buffers) buffer->download();
+}
+
+void after_receive(Plugin& plugin, void* recv_comm, Buffer& buffer, int size, Rank& rank) {
+  Buffer* one = &buffer;
+  after_receive(plugin, recv_comm, std::span<Buffer* const>(&one, 1), &size, rank);
 }
 
 void fill(std::uint8_t* data, std::size_t size, std::uint32_t seed) {
@@ -153,23 +280,26 @@ void sizes_case(Plugin& plugin, Rank& rank, const Options& options) {
     if (rank.rank() == 0) {
       Buffer buffer(plugin, links[0].send, size);
       fill(buffer.data(), size, seed);
+      buffer.upload();
       progress.run([&] {
         int sent = -1;
         void* request =
-            post_send(plugin, links[0].send, buffer.data(), size, tag, buffer.mhandle(), rank);
+            post_send(plugin, links[0].send, buffer.wire(), size, tag, buffer.mhandle(), rank);
         wait_done(plugin, request, &sent, "isend of " + what, rank);
       });
     } else {
       Buffer buffer(plugin, links[0].recv, size + kCanary);
       std::memset(buffer.data(), kCanaryByte, buffer.size());
+      buffer.upload();
       int got = -1;
       progress.run([&] {
-        void* data = buffer.data();
+        void* data = buffer.wire();
         std::size_t capacity = buffer.size();
         int recv_tag = tag;
         void* mh = buffer.mhandle();
         void* request = post_recv(plugin, links[0].recv, 1, &data, &capacity, &recv_tag, &mh, rank);
         wait_done(plugin, request, &got, "irecv of " + what, rank);
+        after_receive(plugin, links[0].recv, buffer, got, rank);
       });
       if (got != static_cast<int>(size))
         throw CheckError(what + ": test() reported " + std::to_string(got) + " bytes");
@@ -255,7 +385,8 @@ void grouped_case(Plugin& plugin, Rank& rank, const Options& options) {
           std::vector<void*> requests;
           for (int i : send_plan(order, n)) {
             fill(buffers[i]->data(), kSizes[i], seed(i));
-            requests.push_back(post_send(plugin, links[0].send, buffers[i]->data(), kSizes[i],
+            buffers[i]->upload();
+            requests.push_back(post_send(plugin, links[0].send, buffers[i]->wire(), kSizes[i],
                                          tag(i), buffers[i]->mhandle(), rank));
           }
           for (auto* r : requests) wait_done(plugin, r, nullptr, what + ": isend", rank);
@@ -266,9 +397,12 @@ void grouped_case(Plugin& plugin, Rank& rank, const Options& options) {
           std::array<void*, 8> data{}, mhs{};
           std::array<std::size_t, 8> capacity{};
           std::array<int, 8> tags{};
+          std::array<Buffer*, 8> posted{};
           for (int i = 0; i < n; ++i) {
             std::memset(buffers[i]->data(), kCanaryByte, buffers[i]->size());
-            data[i] = buffers[i]->data();
+            buffers[i]->upload();
+            posted[i] = buffers[i].get();
+            data[i] = buffers[i]->wire();
             capacity[i] = buffers[i]->size();
             tags[i] = tag(i);
             mhs[i] = buffers[i]->mhandle();
@@ -276,6 +410,9 @@ void grouped_case(Plugin& plugin, Rank& rank, const Options& options) {
           void* request = post_recv(plugin, links[0].recv, n, data.data(), capacity.data(),
                                     tags.data(), mhs.data(), rank);
           wait_done(plugin, request, got.data(), what, rank);
+          after_receive(plugin, links[0].recv,
+                        std::span<Buffer* const>(posted.data(), static_cast<std::size_t>(n)),
+                        got.data(), rank);
         });
         for (int i = 0; i < n; ++i) {
           const std::string where =
@@ -323,9 +460,11 @@ void window_case(Plugin& plugin, Rank& rank, const Options& options) {
       const std::size_t size = kSize - m % 7;
       if (got != static_cast<int>(size))
         throw CheckError("message " + std::to_string(m) + ": size " + std::to_string(got));
-      if (!sender)
-        verify(slots[m % slots.size()]->data(), size, static_cast<std::uint32_t>(m),
-               "message " + std::to_string(m));
+      if (!sender) {
+        Buffer& slot = *slots[m % slots.size()];
+        after_receive(plugin, comm, slot, got, rank);
+        verify(slot.data(), size, static_cast<std::uint32_t>(m), "message " + std::to_string(m));
+      }
       pending.erase(pending.begin());
     };
     for (std::size_t m = 0; m < kMessages; ++m) {
@@ -338,9 +477,10 @@ void window_case(Plugin& plugin, Rank& rank, const Options& options) {
       while (request == nullptr) {
         if (sender) {
           fill(buffer.data(), size, static_cast<std::uint32_t>(m));
-          check(plugin.isend(comm, buffer.data(), size, 5, buffer.mhandle(), &request), "isend");
+          buffer.upload();
+          check(plugin.isend(comm, buffer.wire(), size, 5, buffer.mhandle(), &request), "isend");
         } else {
-          void* data = buffer.data();
+          void* data = buffer.wire();
           std::size_t capacity = buffer.size();
           int tag = 5;
           void* mh = buffer.mhandle();
@@ -374,20 +514,22 @@ void truncation_case(Plugin& plugin, Rank& rank, const Options& options) {
   if (rank.rank() == 0) {
     Buffer buffer(plugin, links[0].send, kMessage);
     fill(buffer.data(), kMessage, 9);
+    buffer.upload();
     abi::Result result = abi::kSuccess;
     progress.run([&] {
       void* request =
-          post_send(plugin, links[0].send, buffer.data(), kMessage, 3, buffer.mhandle(), rank);
+          post_send(plugin, links[0].send, buffer.wire(), kMessage, 3, buffer.mhandle(), rank);
       result = wait_result(plugin, request, nullptr, "isend of the oversized message", rank);
     });
     if (!options.quiet) std::printf("  sender: %s\n", result_name(result));
   } else {
     Buffer buffer(plugin, links[0].recv, kBuffer);
     std::memset(buffer.data(), kCanaryByte, kBuffer);
+    buffer.upload();
     int got = -1;
     abi::Result result = abi::kSuccess;
     progress.run([&] {
-      void* data = buffer.data();
+      void* data = buffer.wire();
       std::size_t capacity = kBuffer;
       int tag = 3;
       void* mh = buffer.mhandle();
@@ -397,6 +539,7 @@ void truncation_case(Plugin& plugin, Rank& rank, const Options& options) {
     if (result == abi::kSuccess)
       throw CheckError("an 8192-byte message into a 4096-byte buffer completed (size " +
                        std::to_string(got) + "): a truncation, not an error");
+    buffer.download();  // a failed receive is not flushed: nothing of it is to be read
     bool untouched = true;
     for (std::size_t i = 0; i < kBuffer; ++i)
       untouched = untouched && buffer.data()[i] == kCanaryByte;
@@ -433,10 +576,11 @@ void idle_peer_case(Plugin& plugin, Rank& rank, const Options& options) {
     const auto seed = static_cast<std::uint32_t>(600 + idler);
     if (sender) fill(buffer.data(), kSize, seed);
     if (!sender) std::memset(buffer.data(), kCanaryByte, kSize);
+    buffer.upload();
     if (rank.rank() == idler) std::this_thread::sleep_for(idle);  // nothing of the plugin
     int got = -1;
     progress.run([&] {
-      void* data = buffer.data();
+      void* data = buffer.wire();
       void* mh = buffer.mhandle();
       if (sender) {
         void* request = post_send(plugin, links[0].send, data, kSize, 5, mh, rank);
@@ -446,6 +590,7 @@ void idle_peer_case(Plugin& plugin, Rank& rank, const Options& options) {
         int tag = 5;
         void* request = post_recv(plugin, links[0].recv, 1, &data, &capacity, &tag, &mh, rank);
         wait_done(plugin, request, &got, what + ": irecv", rank);
+        after_receive(plugin, links[0].recv, buffer, got, rank);
       }
     });
     if (!sender) {
@@ -456,6 +601,88 @@ void idle_peer_case(Plugin& plugin, Rank& rank, const Options& options) {
     }
     rank.barrier();
   }
+  close_links(plugin, links);
+}
+
+// What a plugin must refuse with an error result (ncclInvalidArgument or ncclSystemError) and
+// a WARN line of its own saying why, never a crash nor a registration: an unknown memory type,
+// host memory claimed as NCCL_PTR_CUDA, regMrDmaBuf with a negative fd, with an fd that is not
+// open, through a descriptor that is no dmabuf, of NCCL_PTR_HOST memory. The comm still
+// registers and transfers afterwards.
+void reg_args_case(Plugin& plugin, Rank& rank, const Options& options) {
+  const int peer = 1 - rank.rank();
+  auto links = establish(plugin, rank, options.dev, peer, peer);
+  void* comm = rank.rank() == 0 ? links[0].send : links[0].recv;
+  std::vector<std::uint8_t> host(4096);
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (devnull < 0) throw CheckError(std::string("open /dev/null: ") + std::strerror(errno));
+  constexpr int kNotOpen = 1 << 20;  // above any descriptor limit: never an open one
+  struct Refusal {
+    std::string what;
+    std::function<abi::Result(void**)> call;
+  };
+  const auto reg = [&](int type) {
+    return [&, type](void** mh) { return plugin.reg_mr(comm, host.data(), host.size(), type, mh); };
+  };
+  const auto reg_dmabuf = [&](int type, int fd) {
+    return [&, type, fd](void** mh) {
+      return plugin.reg_mr_dmabuf(comm, host.data(), host.size(), type, 0, fd, mh);
+    };
+  };
+  const std::vector<Refusal> refusals = {
+      {"regMr of memory type 0x40 (none of NCCL's)", reg(0x40)},
+      {"regMr of host memory as NCCL_PTR_CUDA", reg(abi::kPtrCuda)},
+      {"regMrDmaBuf with fd -5", reg_dmabuf(abi::kPtrCuda, -5)},
+      {"regMrDmaBuf with an fd that is not open", reg_dmabuf(abi::kPtrCuda, kNotOpen)},
+      {"regMrDmaBuf of host memory through /dev/null", reg_dmabuf(abi::kPtrCuda, devnull)},
+      {"regMrDmaBuf of NCCL_PTR_HOST memory", reg_dmabuf(abi::kPtrHost, devnull)},
+  };
+  std::string failure;
+  for (const Refusal& r : refusals) {
+    const std::size_t mark = log_mark();
+    void* mh = nullptr;
+    const abi::Result result = r.call(&mh);
+    std::string warning;
+    for (const LogLine& line : log_since(mark))
+      if (line.level == abi::kLogWarn) warning = line.text;
+    if (result == abi::kSuccess) {
+      plugin.dereg_mr(comm, mh);
+      failure = r.what + ": accepted";
+    } else if (result != abi::kInvalidArgument && result != abi::kSystemError) {
+      failure = r.what + ": " + result_name(result) + " (ncclInvalidArgument or ncclSystemError)";
+    } else if (warning.empty()) {
+      failure = r.what + ": " + result_name(result) + " without a WARN line saying why";
+    }
+    if (!failure.empty()) break;
+    if (!options.quiet && rank.rank() == 0)
+      std::printf("  %s: %s: %s\n", r.what.c_str(), result_name(result), warning.c_str());
+  }
+  ::close(devnull);
+  if (!failure.empty()) throw CheckError(failure);
+  // The refusals changed nothing: a registration and a transfer still work.
+  ProgressThread progress;
+  constexpr std::size_t kSize = 65536;
+  Buffer buffer(plugin, comm, kSize);
+  progress.run([&] {
+    if (rank.rank() == 0) {
+      fill(buffer.data(), kSize, 41);
+      buffer.upload();
+      void* request = post_send(plugin, comm, buffer.wire(), kSize, 4, buffer.mhandle(), rank);
+      wait_done(plugin, request, nullptr, "isend after the refusals", rank);
+    } else {
+      void* data = buffer.wire();
+      std::size_t capacity = kSize;
+      int tag = 4;
+      void* mh = buffer.mhandle();
+      int got = -1;
+      void* request = post_recv(plugin, comm, 1, &data, &capacity, &tag, &mh, rank);
+      wait_done(plugin, request, &got, "irecv after the refusals", rank);
+      after_receive(plugin, comm, buffer, got, rank);
+      verify(buffer.data(), kSize, 41, "the message after the refusals");
+    }
+  });
+  rank.barrier();
+  buffer.deregister();
   close_links(plugin, links);
 }
 
@@ -471,6 +698,8 @@ std::vector<Case> single_comm_cases() {
        idle_peer_case},
       {"window", 2, "32 requests in flight, then a burst to the NULL-request limit", window_case},
       {"truncation", 2, "a message larger than its receive buffer is an error", truncation_case},
+      {"reg-args", 2, "bad regMr/regMrDmaBuf arguments refused with an error and a WARN line",
+       reg_args_case},
   };
 }
 

@@ -1,12 +1,14 @@
 // ncclnet_check's conformance cases and the helpers they share: connection setup the way
 // NCCL's proxy does it (non-blocking listen/connect/accept polled on the service thread),
-// registered buffers with per-message byte patterns, bounded waits.
+// registered buffers (host, GPU or staged memory) with per-message byte patterns, flushes after
+// receives into GPU memory, bounded waits.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,7 +41,12 @@ struct Link {
 std::vector<Link> establish(Plugin& plugin, Rank& rank, int dev, int to, int from, int count = 1);
 void close_links(Plugin& plugin, std::vector<Link>& links);
 
-// A registered host buffer.
+// A registered buffer in the run's memory (memory(), --device). GPU (or staged) memory is read
+// and written through a host copy: data() is that copy (or, for host memory, the buffer itself),
+// wire() the address registration and posts take; upload() copies data() to the GPU before a
+// send, download() the GPU's bytes into data() after a receive (after_receive does it). A GPU
+// buffer is registered with NCCL_PTR_CUDA, or through a dmabuf (regMrDmaBuf) for every other
+// buffer where prepare_memory found that possible.
 class Buffer {
  public:
   Buffer(Plugin& plugin, void* comm, std::size_t size);
@@ -47,16 +54,39 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   [[nodiscard]] std::uint8_t* data() noexcept { return bytes_.data(); }
+  [[nodiscard]] void* wire() noexcept { return device_ != nullptr ? device_ : bytes_.data(); }
   [[nodiscard]] std::size_t size() const noexcept { return bytes_.size(); }
   [[nodiscard]] void* mhandle() const noexcept { return mhandle_; }
+  void upload();      // data() -> GPU; nothing for host memory
+  void download();    // GPU -> data(); nothing for host memory
   void deregister();  // now rather than at destruction (before closing the comm)
 
  private:
   Plugin& plugin_;
   void* comm_;
   std::vector<std::uint8_t> bytes_;
+  std::vector<std::uint8_t> staged_;  // --device staged: the buffer apart from bytes_
+  void* device_ = nullptr;            // GPU memory, staged_, or null (host memory)
   void* mhandle_ = nullptr;
 };
+
+// In a rank, after init, for GPU memory: checks that the plugin's device `dev` takes CUDA
+// memory and that this process has the GPU (else throws SkipError naming why, quoting the
+// plugin's explanation), and decides whether buffers also go through dmabufs (the device's
+// ptrSupport has NCCL_PTR_DMABUF and the driver exports them). Returns a line saying how
+// buffers are registered; nothing to do, and an empty line, for host memory.
+std::string prepare_memory(Plugin& plugin, int dev);
+
+// After a receive into `buffers` completed with `sizes` (NCCL's order: test, then iflush):
+// GPU buffers are flushed (iflush, its request waited for) and copied back into data(), as a
+// kernel reading them would need them; nothing for host memory, which NCCL never flushes.
+void after_receive(Plugin& plugin, void* recv_comm, std::span<Buffer* const> buffers,
+                   const int* sizes, Rank& rank);
+// Only the flush (GPU memory; nothing for host memory): for the bandwidth mode, which reads
+// nothing back.
+void flush_received(Plugin& plugin, void* recv_comm, std::span<Buffer* const> buffers,
+                    const int* sizes, Rank& rank);
+void after_receive(Plugin& plugin, void* recv_comm, Buffer& buffer, int size, Rank& rank);
 
 void fill(std::uint8_t* data, std::size_t size, std::uint32_t seed);
 // Throws CheckError naming the first wrong byte.

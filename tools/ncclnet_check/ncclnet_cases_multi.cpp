@@ -37,15 +37,17 @@ void exchange(Plugin& plugin, Rank& rank, Link& link, std::size_t size, std::uin
   Buffer out(plugin, link.send, size);
   Buffer in(plugin, link.recv, size);
   fill(out.data(), size, send_seed);
-  void* data = in.data();
+  out.upload();
+  void* data = in.wire();
   std::size_t capacity = in.size();
   int tag = 1;
   void* mh = in.mhandle();
   void* recv = post_recv(plugin, link.recv, 1, &data, &capacity, &tag, &mh, rank);
-  void* send = post_send(plugin, link.send, out.data(), size, 1, out.mhandle(), rank);
+  void* send = post_send(plugin, link.send, out.wire(), size, 1, out.mhandle(), rank);
   int got = -1;
   wait_done(plugin, send, nullptr, what + " isend", rank);
   wait_done(plugin, recv, &got, what + " irecv", rank);
+  after_receive(plugin, link.recv, in, got, rank);
   if (got != static_cast<int>(size))
     throw CheckError(what + ": size " + std::to_string(got) + ", expected " + std::to_string(size));
   verify(in.data(), size, recv_seed, what);
@@ -64,15 +66,17 @@ void ring_case(Plugin& plugin, Rank& rank, const Options& options) {
       Buffer out(plugin, links[0].send, sizes[i]);
       Buffer in(plugin, links[0].recv, sizes[i] + 16);
       fill(out.data(), sizes[i], static_cast<std::uint32_t>(rank.rank() * 10 + i));
-      void* data = in.data();
+      out.upload();
+      void* data = in.wire();
       std::size_t capacity = in.size();
       int tag = static_cast<int>(i);
       void* mh = in.mhandle();
       void* recv = post_recv(plugin, links[0].recv, 1, &data, &capacity, &tag, &mh, rank);
-      void* send = post_send(plugin, links[0].send, out.data(), sizes[i], tag, out.mhandle(), rank);
+      void* send = post_send(plugin, links[0].send, out.wire(), sizes[i], tag, out.mhandle(), rank);
       int got = -1;
       wait_done(plugin, send, nullptr, "ring isend", rank);
       wait_done(plugin, recv, &got, "ring irecv", rank);
+      after_receive(plugin, links[0].recv, in, got, rank);
       const std::string what =
           "ring message " + std::to_string(i) + " from rank " + std::to_string(prev);
       if (got != static_cast<int>(sizes[i]))
@@ -137,7 +141,7 @@ void close_inflight_case(Plugin& plugin, Rank& rank, const Options& options) {
     Buffer sink(plugin, links[0].recv, 1 << 20);
     progress.run([&] {
       for (int i = 0; i < 6; ++i) {
-        void* data = sink.data();
+        void* data = sink.wire();
         std::size_t capacity = sink.size();
         int tag = 2;
         void* mh = sink.mhandle();
@@ -145,7 +149,7 @@ void close_inflight_case(Plugin& plugin, Rank& rank, const Options& options) {
       }
       if (rank.rank() == 0)
         for (int i = 0; i < 4; ++i)
-          post_send(plugin, links[0].send, big.data(), i % 2 ? 1024 : big.size(), 9, big.mhandle(),
+          post_send(plugin, links[0].send, big.wire(), i % 2 ? 1024 : big.size(), 9, big.mhandle(),
                     rank);
     });
     big.deregister();  // as NCCL's teardown does: deregister, then close
@@ -184,13 +188,14 @@ void multi_accept_case(Plugin& plugin, Rank& rank, const Options& options) {
     progress.run([&] {
       for (void* comm : comms) {
         Buffer in(plugin, comm, 4096);
-        void* data = in.data();
+        void* data = in.wire();
         std::size_t capacity = in.size();
         int tag = 1;
         void* mh = in.mhandle();
         int got = -1;
         void* request = post_recv(plugin, comm, 1, &data, &capacity, &tag, &mh, rank);
         wait_done(plugin, request, &got, "irecv on an accepted comm", rank);
+        after_receive(plugin, comm, in, got, rank);
         const int which = got - 1000;
         if (which < 0 || which >= kConnects || seen[which])
           throw CheckError("accepted comm delivered " + std::to_string(got) + " bytes");
@@ -224,7 +229,8 @@ void multi_accept_case(Plugin& plugin, Rank& rank, const Options& options) {
         const std::size_t size = 1000 + static_cast<std::size_t>(i);
         Buffer out(plugin, comms[i], size);
         fill(out.data(), size, static_cast<std::uint32_t>(i));
-        void* request = post_send(plugin, comms[i], out.data(), size, 1, out.mhandle(), rank);
+        out.upload();
+        void* request = post_send(plugin, comms[i], out.wire(), size, 1, out.mhandle(), rank);
         wait_done(plugin, request, nullptr, "isend", rank);
       }
     });
@@ -298,6 +304,7 @@ void cycles_case(Rank& rank, const Options& options) {
     {
       Plugin plugin(options.plugin, options.version);
       plugin.init();
+      prepare_memory(plugin, options.dev);
       auto links = establish(plugin, rank, options.dev, peer, peer);
       progress.run([&] {
         exchange(plugin, rank, links[0], 65536 + static_cast<std::size_t>(c),

@@ -5,6 +5,7 @@
 //   ncclnet_check PLUGIN.so                       # devices, then every case
 //   ncclnet_check PLUGIN.so --case sizes,window   # some cases
 //   ncclnet_check PLUGIN.so --bw -S l:64k,1m -W 64 --json bw.json
+//   ncclnet_check PLUGIN.so --device cuda:0       # the same on GPU 0's memory (exit 77 without)
 #include <cinttypes>
 #include <cstdio>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "ncclnet_bw.hpp"
 #include "ncclnet_cases.hpp"
+#include "ncclnet_cuda.hpp"
 
 namespace ncclnet {
 namespace {
@@ -109,6 +111,7 @@ int main(int argc, char** argv) {
   std::string sizes = "0,1,4095,64k,1m,64m+3";
   std::string bw_sizes = "l:64k,256k,1m,4m";
   std::string pin;
+  std::string device = "host";
   bool list = false, devices_only = false, bandwidth = false, verbose = false;
   int timeout = 60;
   app.add_option("plugin", options.plugin, "the plugin .so (a path, or a name dlopen finds)")
@@ -119,6 +122,11 @@ int main(int argc, char** argv) {
   app.add_option("--ncclnet-version", options.version, "use ncclNetPlugin_vN (8..12) only")
       ->check(CLI::Range(8, 12));
   app.add_option("--dev", options.dev, "device the cases use (default 0)");
+  app.add_option("--device", device,
+                 "buffers in host memory (default) or on a GPU: cuda or cuda:N (CUDA driver "
+                 "memory, registered with NCCL_PTR_CUDA and through dmabufs, every receive "
+                 "flushed; exit 77 where the plugin or this machine cannot); staged: host "
+                 "memory handled as GPU memory is, to check the tool without a GPU");
   app.add_option("--timeout", timeout, "seconds a case may take before it fails (default 60)");
   app.add_option("--sizes", sizes, "sizes of the sizes case (k/m/g suffixes, +N)");
   app.add_option("--cycles", options.cycles, "dlopen/dlclose cycles (default 50)");
@@ -139,7 +147,9 @@ int main(int argc, char** argv) {
   set_log_verbosity(verbose ? abi::kLogInfo : abi::kLogWarn);
   options.timeout = std::chrono::seconds(timeout);
 
+  constexpr int kSkipped = 77;
   try {
+    set_memory(parse_memory(device));
     options.sizes = parse_sizes(sizes);
     {
       // Probe in this process, then unload: the ranks load it themselves after fork.
@@ -147,7 +157,31 @@ int main(int argc, char** argv) {
       std::printf("# plugin %s: %s, ncclNet v%d\n", options.plugin.c_str(), probe.name(),
                   probe.version());
     }
+    // One rank initialises the plugin, prints the devices (not before a bandwidth run) and, for
+    // GPU memory, checks that the plugin's device and this machine can have it: else exit 77.
+    const auto probe = [&](bool print) {
+      std::fflush(stdout);
+      bool skipped = false;
+      const std::string error = run_ranks(
+          "devices", 1, options.timeout,
+          [&](Rank&) {
+            Plugin plugin(options.plugin, options.version);
+            plugin.init();
+            if (print) print_devices(plugin);
+            const std::string line = prepare_memory(plugin, options.dev);
+            if (!line.empty()) std::printf("# memory: %s\n", line.c_str());
+          },
+          false, &skipped);
+      if (skipped) return kSkipped;
+      if (!error.empty()) {
+        std::fprintf(stderr, "ncclnet_check: the plugin did not initialise (%s)\n", error.c_str());
+        return 2;
+      }
+      return 0;
+    };
     if (bandwidth) {
+      if (memory().separate())
+        if (const int rc = probe(false); rc != 0) return rc;
       bw.plugin = options.plugin;
       bw.version = options.version;
       bw.dev = options.dev;
@@ -169,17 +203,7 @@ int main(int argc, char** argv) {
         std::printf("%-15s %d ranks  %s\n", c.name.c_str(), c.ranks, c.description.c_str());
       return 0;
     }
-    std::fflush(stdout);
-    const std::string device_error = run_ranks("devices", 1, options.timeout, [&](Rank&) {
-      Plugin plugin(options.plugin, options.version);
-      plugin.init();
-      print_devices(plugin);
-    });
-    if (!device_error.empty()) {
-      std::fprintf(stderr, "ncclnet_check: the plugin did not initialise (%s)\n",
-                   device_error.c_str());
-      return 2;
-    }
+    if (const int rc = probe(true); rc != 0) return rc;
     if (devices_only) return 0;
     std::vector<const Case*> selected;
     for (const auto& c : all)
@@ -200,6 +224,7 @@ int main(int argc, char** argv) {
             if (c->standalone) return c->standalone(rank, options);
             Plugin plugin(options.plugin, options.version);
             plugin.init();
+            prepare_memory(plugin, options.dev);
             c->body(plugin, rank, options);
           },
           options.leak_check);

@@ -6,7 +6,9 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <iterator>
+#include <mutex>
 #include <type_traits>
 
 #include <dlfcn.h>
@@ -18,14 +20,35 @@ namespace {
 // one process-wide setting of the tool, set once from the command line.
 std::atomic<int> log_verbosity{abi::kLogWarn};
 
+// The lines the plugin logged (log_mark, log_since): the last kKept, numbered from the first.
+constexpr std::size_t kKept = 4096;
+struct Recorded {
+  std::mutex mutex;
+  std::deque<LogLine> lines;
+  std::size_t dropped = 0;  // lines numbered before lines.front()
+};
+Recorded& recorded() {
+  static Recorded r;
+  return r;
+}
+
 void tool_logger(abi::LogLevel level, unsigned long, const char* file, int line, const char* fmt,
                  ...) {
-  if (static_cast<int>(level) > log_verbosity.load(std::memory_order_relaxed)) return;
   std::array<char, 1024> text{};
   va_list args;
   va_start(args, fmt);
   std::vsnprintf(text.data(), text.size(), fmt, args);
   va_end(args);
+  {
+    Recorded& r = recorded();
+    const std::lock_guard lock(r.mutex);
+    r.lines.push_back({level, text.data()});
+    if (r.lines.size() > kKept) {
+      r.lines.pop_front();
+      ++r.dropped;
+    }
+  }
+  if (static_cast<int>(level) > log_verbosity.load(std::memory_order_relaxed)) return;
   const char* kind = level == abi::kLogWarn ? "WARN" : level == abi::kLogInfo ? "INFO" : "TRACE";
   std::fprintf(stderr, "[plugin %s %s:%d] %s\n", kind, file, line, text.data());
 }
@@ -108,6 +131,21 @@ void check(abi::Result result, const std::string& what) {
 
 void set_log_verbosity(abi::LogLevel level) {
   log_verbosity.store(level, std::memory_order_relaxed);
+}
+
+std::size_t log_mark() {
+  Recorded& r = recorded();
+  const std::lock_guard lock(r.mutex);
+  return r.dropped + r.lines.size();
+}
+
+std::vector<LogLine> log_since(std::size_t mark) {
+  Recorded& r = recorded();
+  const std::lock_guard lock(r.mutex);
+  const std::size_t first = mark > r.dropped ? mark - r.dropped : 0;
+  std::vector<LogLine> out;
+  for (std::size_t i = first; i < r.lines.size(); ++i) out.push_back(r.lines[i]);
+  return out;
 }
 
 Plugin::Plugin(const std::string& path, int version) {
@@ -277,6 +315,15 @@ abi::Result Plugin::accept(void* listen_comm, void** comm) {
 
 abi::Result Plugin::reg_mr(void* comm, void* data, std::size_t size, void** mhandle) {
   return NCCLNET_CALL(regMr, comm, data, size, abi::kPtrHost, mhandle);
+}
+
+abi::Result Plugin::reg_mr(void* comm, void* data, std::size_t size, int type, void** mhandle) {
+  return NCCLNET_CALL(regMr, comm, data, size, type, mhandle);
+}
+
+abi::Result Plugin::reg_mr_dmabuf(void* comm, void* data, std::size_t size, int type,
+                                  std::uint64_t offset, int fd, void** mhandle) {
+  return NCCLNET_CALL(regMrDmaBuf, comm, data, size, type, offset, fd, mhandle);
 }
 
 abi::Result Plugin::dereg_mr(void* comm, void* mhandle) {

@@ -22,12 +22,28 @@ class CheckError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What the run asked for cannot be had here (no GPU, a plugin without CUDA memory): the rank
+// exits 77, and the tool too, "skipped" as meson and the GPU tests count it.
+class SkipError : public CheckError {
+ public:
+  using CheckError::CheckError;
+};
+
 [[nodiscard]] const char* result_name(abi::Result result);
 // Throws CheckError "<what>: <ncclResult name>" unless `result` is ncclSuccess.
 void check(abi::Result result, const std::string& what);
 
 // NCCL log lines at or below this level are printed (to stderr) by the tool's logger.
 void set_log_verbosity(abi::LogLevel level);
+
+// Every line the plugin logged in this process, whatever the verbosity (the last 4096), so that
+// a check can quote the plugin's own explanation: log_mark() now, log_since(mark) later.
+struct LogLine {
+  abi::LogLevel level = abi::kLogNone;
+  std::string text;
+};
+[[nodiscard]] std::size_t log_mark();
+[[nodiscard]] std::vector<LogLine> log_since(std::size_t mark);
 
 struct DeviceProps {
   std::string name;
@@ -76,7 +92,10 @@ class Plugin {
   abi::Result listen(int dev, void* handle, void** comm);
   abi::Result connect(int dev, void* handle, void** comm);
   abi::Result accept(void* listen_comm, void** comm);
-  abi::Result reg_mr(void* comm, void* data, std::size_t size, void** mhandle);
+  abi::Result reg_mr(void* comm, void* data, std::size_t size, void** mhandle);  // host memory
+  abi::Result reg_mr(void* comm, void* data, std::size_t size, int type, void** mhandle);
+  abi::Result reg_mr_dmabuf(void* comm, void* data, std::size_t size, int type,
+                            std::uint64_t offset, int fd, void** mhandle);
   abi::Result dereg_mr(void* comm, void* mhandle);
   abi::Result isend(void* comm, void* data, std::size_t size, int tag, void* mhandle,
                     void** request);

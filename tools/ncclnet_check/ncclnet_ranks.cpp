@@ -20,6 +20,8 @@
 #endif
 #endif
 
+#include "ncclnet_cuda.hpp"
+
 namespace ncclnet {
 namespace {
 
@@ -114,7 +116,9 @@ void Rank::check_peers(const std::string& waiting_for) {
 }
 
 std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds timeout,
-                      const std::function<void(Rank&)>& body, bool leak_check) {
+                      const std::function<void(Rank&)>& body, bool leak_check, bool* skipped) {
+  constexpr int kSkipped = 77;
+  bool all_skipped = true;
   // links[a][b]: rank a's end of the socket to rank b.
   std::vector<std::vector<int>> links(static_cast<std::size_t>(ranks),
                                       std::vector<int>(static_cast<std::size_t>(ranks), -1));
@@ -139,6 +143,9 @@ std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds t
       try {
         Rank rank(r, ranks, links[static_cast<std::size_t>(r)], timeout);
         body(rank);
+      } catch (const SkipError& e) {
+        std::printf("ncclnet_check: SKIPPED (case %s, rank %d): %s\n", name.c_str(), r, e.what());
+        status = kSkipped;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "ncclnet_check: case %s, rank %d: %s\n", name.c_str(), r, e.what());
         status = 1;
@@ -179,8 +186,12 @@ std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds t
       std::string why;
       if (WIFSIGNALED(status))
         why = "killed by signal " + std::to_string(WTERMSIG(status));
+      else if (WIFEXITED(status) && WEXITSTATUS(status) == kSkipped)
+        why = "skipped (exit 77)";
       else if (WEXITSTATUS(status) != 0)
         why = "failed (exit " + std::to_string(WEXITSTATUS(status)) + ")";
+      if (!why.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == kSkipped))
+        all_skipped = false;
       if (!why.empty()) {
         remove_shm_regions(pid);
         error += (error.empty() ? "case " + name + ": " : "; ") +
@@ -201,10 +212,12 @@ std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds t
         pids[r] = -1;
         --alive;
       }
+      all_skipped = false;
       break;
     }
     ::usleep(2000);
   }
+  if (skipped != nullptr) *skipped = !error.empty() && all_skipped;
   return error;
 }
 
@@ -229,6 +242,8 @@ void ProgressThread::loop() {
     lock.unlock();
     std::exception_ptr error;
     try {
+      // As NCCL's proxy threads have their GPU set.
+      if (memory().cuda) cuda::make_current(memory().gpu);
       task();
     } catch (...) {
       error = std::current_exception();

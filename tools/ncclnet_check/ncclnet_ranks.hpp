@@ -59,8 +59,11 @@ class Rank {
 // seconds after the first rank failed) the rest are killed.
 // `leak_check`: in an ASan build each rank runs LeakSanitizer before it exits (ranks end with
 // _exit, which skips the exit-time check).
+// A rank whose body throws SkipError prints why and exits 77; `skipped` (when given) says
+// whether every rank that did not pass ended so.
 std::string run_ranks(const std::string& name, int ranks, std::chrono::seconds timeout,
-                      const std::function<void(Rank&)>& body, bool leak_check = false);
+                      const std::function<void(Rank&)>& body, bool leak_check = false,
+                      bool* skipped = nullptr);
 
 // The proxy's progress thread: run() executes a task there and waits for it (rethrowing).
 class ProgressThread {
