@@ -1,4 +1,5 @@
-// What fi_p2p_bw measures (p2p_bw/session.hpp) and a Report prints (common/report.hpp).
+// What fi_p2p_bw measures (p2p_bw/session.hpp, p2p_bw/rma_session.hpp) and a Report prints
+// (common/report.hpp).
 #pragma once
 
 #include <cstddef>
@@ -6,7 +7,24 @@
 
 namespace loom::bench {
 
-// One row: one message size.
+// The median and 99th percentile of a set of times.
+struct Spread {
+  double p50_us = 0;
+  double p99_us = 0;
+  std::uint64_t samples = 0;  // 0: not measured
+};
+
+// One-sided rows (--op write|read): an iteration is a batch of `blocks` blocks, a transfer a
+// block.
+struct RmaFigures {
+  std::size_t blocks = 0;  // per batch; 0 in a send row
+  Spread batch;            // post -> the initiator's test() said done, -W batches in flight
+  Spread notify;      // post -> the target's poll() returned the batch's notification (one host)
+  Spread lone_batch;  // the same, one batch in flight (the latency pass)
+  Spread lone_notify;
+};
+
+// One row: one message (block) size.
 struct Figures {
   std::size_t size = 0;
   std::size_t iterations = 0;
@@ -17,14 +35,19 @@ struct Figures {
   // What fabtests' pingpong reports (usec/xfer): the timed rounds' total time / rounds / 2.
   double lat_avg_us = 0;
   std::size_t lat_rounds = 0;
+  RmaFigures rma;
 
+  // Messages, or blocks.
+  [[nodiscard]] double transfers() const {
+    return static_cast<double>(iterations) * static_cast<double>(rma.blocks ? rma.blocks : 1);
+  }
   [[nodiscard]] double mb_per_s() const { return seconds > 0 ? bytes / seconds / 1e6 : 0; }
   [[nodiscard]] double gb_per_s() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   [[nodiscard]] double usec_per_xfer() const {
-    return iterations ? seconds * 1e6 / static_cast<double>(iterations) : 0;
+    return iterations ? seconds * 1e6 / transfers() : 0;
   }
   [[nodiscard]] double mxfers_per_s() const {
-    return seconds > 0 ? static_cast<double>(iterations) / seconds / 1e6 : 0;
+    return seconds > 0 ? transfers() / seconds / 1e6 : 0;
   }
 };
 

@@ -1,5 +1,7 @@
 #include "common/options.hpp"
 
+#include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -78,6 +80,93 @@ std::size_t default_iterations(std::size_t size) {
   return 200;
 }
 
+std::size_t default_batches(std::size_t size, std::size_t blocks) {
+  return std::max<std::size_t>((default_iterations(size) + blocks - 1) / blocks, 10);
+}
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kSend:
+      return "send";
+    case Op::kWrite:
+      return "write";
+    case Op::kRead:
+      return "read";
+  }
+  return "?";
+}
+
+const char* protocol_name(NotifyProtocol protocol) {
+  return protocol == NotifyProtocol::kCountedCqData ? "cq-data" : "completion";
+}
+
+const char* offsets_name(Offsets offsets) {
+  return offsets == Offsets::kShuffled ? "shuffled" : "contiguous";
+}
+
+namespace {
+
+// --op, --offsets, --notify-protocol: the value of that name, else a one-line refusal.
+template <typename T, std::size_t N>
+T pick(const char* option, const std::string& text, const char* (*name)(T),
+       const std::array<T, N>& values) {
+  std::string known;
+  for (T value : values) {
+    if (text == name(value)) return value;
+    known += (known.empty() ? "" : ", ") + std::string(name(value));
+  }
+  throw std::invalid_argument(std::string(option) + ": expected " + known + ", got \"" + text +
+                              "\"");
+}
+
+constexpr std::size_t kMaxSlab = std::size_t{8} << 30;
+
+// The one-sided options against the rest (after parsing, `given` counts each on the line).
+void check_one_sided(Options& o, const CLI::App& app, const std::string& sizes) {
+  const auto given = [&](const char* name) { return app.count(name) != 0; };
+  if (!o.one_sided()) {
+    for (const char* name :
+         {"--blocks", "--offsets", "--notify", "--no-notify", "--notify-protocol"}) {
+      if (given(name)) throw std::invalid_argument(std::string(name) + " needs --op write|read");
+    }
+    return;
+  }
+  const std::string op = std::string("--op ") + op_name(o.op);
+  if (o.bidir) throw std::invalid_argument("--bidir does not go with " + op);
+  if (o.comms != 1) throw std::invalid_argument("--comms: " + op + " runs one connection");
+  if (given("--notify") && given("--no-notify")) {
+    throw std::invalid_argument("--notify with --no-notify");
+  }
+  if (o.op == Op::kRead) {
+    if (given("--notify") || given("--notify-protocol")) {
+      throw std::invalid_argument("--notify: only write batches carry a notification");
+    }
+    o.notify = false;
+  } else {
+    o.notify = !given("--no-notify");
+    if (!o.notify && given("--notify-protocol")) {
+      throw std::invalid_argument("--notify-protocol with --no-notify");
+    }
+  }
+  if (!given("-W")) o.window = kRmaWindow;
+  // A block is never empty: "all" starts at 1 byte here.
+  if (sizes == "all") o.sizes.erase(o.sizes.begin());
+  if (std::find(o.sizes.begin(), o.sizes.end(), 0) != o.sizes.end()) {
+    throw std::invalid_argument("-S: " + op + " takes no 0-byte blocks");
+  }
+  // Each side holds --blocks slots of the largest size; -v: -W times that (no batch in flight
+  // overwrites another's).
+  const std::size_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
+  const std::size_t sets = o.verify ? o.window : 1;
+  if (largest > kMaxSlab / o.blocks / sets) {
+    throw std::invalid_argument((o.verify ? "-v -W " + std::to_string(o.window) + " x " : "") +
+                                std::string("--blocks ") + std::to_string(o.blocks) + " x -S " +
+                                std::to_string(largest) + " needs more than 8 GiB per side");
+  }
+}
+
+}  // namespace
+
 void add_shared_options(CLI::App& app, int& groups, unsigned& timeout_s,
                         const std::string& timeout_doc, std::string& json,
                         const std::string& json_doc) {
@@ -98,9 +187,12 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   bool no_pingpong = false;
   app.add_option("-p", o.provider, "libfabric provider (else LOOM_PROVIDER, FI_PROVIDER)");
   app.add_option("-S", sizes, "sizes: N|all|r:start,inc,end|l:a,b,c (k/m/g suffixes)");
-  app.add_option("-I", o.iterations, "iterations per size (default: 20000/2000/200 by size)");
+  app.add_option("-I", o.iterations,
+                 "iterations per size (default: 20000/2000/200 by size; --op write|read: "
+                 "batches, default as many blocks)");
   app.add_option("-w", o.warmup, "warmup iterations (default 10)");
-  app.add_option("-W", o.window, "window: messages in flight (default 64)")
+  app.add_option("-W", o.window,
+                 "window: messages in flight (default 64; --op write|read: batches, default 2)")
       ->check(CLI::Range(1, 128));
   app.add_flag("-v", o.verify, "verify every byte received");
   app.add_option("-E", port, "out-of-band bootstrap port (default 9228)")->expected(0, 1);
@@ -122,6 +214,20 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   app.add_option("--lat-iters", o.lat_iterations,
                  "timed ping-pong rounds, after -w untimed ones (default iterations / 10, "
                  "20 to 1000)");
+  std::string op = "send";
+  app.add_option("--op", op, "send (tagged messages), write or read (one-sided batches)");
+  app.add_option("--blocks", o.blocks, "--op write|read: blocks per batch (default 128)")
+      ->check(CLI::Range(1, 65536));
+  std::string offsets = "contiguous";
+  app.add_option("--offsets", offsets,
+                 "--op write|read: the blocks' remote offsets, contiguous or shuffled (a random "
+                 "permutation of the batch's slots)");
+  app.add_flag("--notify", "--op write: each batch carries a notification (the default)");
+  app.add_flag("--no-notify", "--op write: batches without a notification");
+  std::string protocol = "completion";
+  app.add_option("--notify-protocol", protocol,
+                 "--op write: completion (loom's: notify once every write completed) or cq-data "
+                 "(remote CQ data on every block, counted by the target)");
   std::string pin;
   app.add_option("--pin-core", pin,
                  "cores to pin to, e.g. 0,1 (with --loopback: the server's, then the client's)");
@@ -165,6 +271,13 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   o.bandwidth = !no_bw;
   if (!o.pingpong && !o.bandwidth) throw std::invalid_argument("--no-bw with --no-pingpong");
   o.memory = MemoryChoice::parse(device);
+  o.op = pick("--op", op, op_name, std::array{Op::kSend, Op::kWrite, Op::kRead});
+  o.offsets = pick("--offsets", offsets, offsets_name,
+                   std::array{Offsets::kContiguous, Offsets::kShuffled});
+  o.notify_protocol =
+      pick("--notify-protocol", protocol, protocol_name,
+           std::array{NotifyProtocol::kAfterCompletion, NotifyProtocol::kCountedCqData});
+  check_one_sided(o, app, sizes);
   for (auto part : split(pin)) {
     if (part.empty()) continue;
     const std::size_t core = parse_size(part);

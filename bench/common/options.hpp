@@ -1,5 +1,6 @@
 // fi_p2p_bw's command line: fabtests' conventions (-p -S -I -w -W -v -E -s, server = no
-// positional argument, client = server address) plus loom's own options.
+// positional argument, client = server address) plus loom's own options. --op write|read turns
+// it one-sided (loom/rma.hpp): -S gives block sizes, -I and -w batches, -W batches in flight.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +11,7 @@
 
 #include "common/memory.hpp"
 #include "loom/config.hpp"
+#include "loom/rma.hpp"
 
 namespace CLI {
 class App;
@@ -17,12 +19,26 @@ class App;
 
 namespace loom::bench {
 
+// What a run moves: tagged messages (isend/irecv), or one-sided batches of blocks.
+enum class Op : std::uint8_t { kSend, kWrite, kRead };
+// Where a batch's blocks land in the target's memory: slot i for block i, or a random
+// permutation of the batch's slots (the same one for every batch of a size).
+enum class Offsets : std::uint8_t { kContiguous, kShuffled };
+
+// One-sided batches in flight when -W is not given. Two keep the pipe full: one batch's blocks
+// go while the other's last completions and notification are under way. More only queue: a
+// connection keeps kMaxRmaOpsInFlight (256) operations posted, two batches of kRmaBlocks, and
+// on tcp and shm -W 1, 2, 4 and 8 gave the same GB/s (4k-512k x 128) while batch latency grew
+// with -W.
+inline constexpr std::size_t kRmaWindow = 2;
+inline constexpr std::size_t kRmaBlocks = 128;
+
 struct Options {
   std::string provider;            // -p (else LOOM_PROVIDER / FI_PROVIDER)
   std::vector<std::size_t> sizes;  // -S
   std::size_t iterations = 0;      // -I; 0 = by size, as fabtests
   std::size_t warmup = 10;         // -w
-  std::size_t window = 64;         // -W
+  std::size_t window = 64;         // -W (one-sided: batches, default kRmaWindow)
   bool verify = false;             // -v
   std::uint16_t port = 9228;       // -E[=port], out-of-band bootstrap port
   std::string source;              // -s, address the server's bootstrap socket binds
@@ -41,8 +57,15 @@ struct Options {
   std::size_t lat_iterations = 0;  // --lat-iters; 0 = iterations / 10 within [20, 1000]
   std::vector<int> pin_cores;      // --pin-core LIST (with --loopback: server, then client)
   MemoryChoice memory;             // --device host|cuda[:N]
+  // One-sided (--op write|read):
+  Op op = Op::kSend;                       // --op
+  std::size_t blocks = kRmaBlocks;         // --blocks: per batch
+  Offsets offsets = Offsets::kContiguous;  // --offsets
+  bool notify = true;                      // --notify / --no-notify (writes)
+  NotifyProtocol notify_protocol = NotifyProtocol::kAfterCompletion;  // --notify-protocol
 
   [[nodiscard]] bool is_client() const { return !server.empty(); }
+  [[nodiscard]] bool one_sided() const { return op != Op::kSend; }
 };
 
 // Throws std::invalid_argument with a one-line reason.
@@ -50,6 +73,13 @@ std::vector<std::size_t> parse_sizes(std::string_view text);
 std::size_t parse_size(std::string_view text);
 // fabtests' default iteration counts by message size.
 std::size_t default_iterations(std::size_t size);
+// One-sided: batches that move as many blocks as fabtests moves messages of that size (at
+// least 10).
+std::size_t default_batches(std::size_t size, std::size_t blocks);
+// "write", "read", "send"; "completion", "cq-data"; "contiguous", "shuffled".
+const char* op_name(Op op);
+const char* protocol_name(NotifyProtocol protocol);
+const char* offsets_name(Offsets offsets);
 
 // The options fi_p2p_bw and fi_p2p_hub share, with one name, range and meaning: --groups,
 // --timeout (each tool bounds a different wait: `timeout_doc`) and --json (`json_doc`).

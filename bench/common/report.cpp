@@ -69,6 +69,12 @@ void Report::header() const {
   std::printf("\n# memory: %s; device memory: %s", options_.memory.describe().c_str(),
               first.device_memory ? "supported (FI_HMEM)"
                                   : ("not supported: " + first.device_memory_note).c_str());
+  if (options_.one_sided()) {
+    std::printf("\n# data rails %u, control rails %u, groups %u%s\n", c.data_rails, c.ctrl_rails,
+                c.ngroups, c.ngroups == 0 ? " (no sharing)" : "");
+    rma_header();
+    return;
+  }
   std::printf(
       "\n# data rails %u, control rails %u, comms %u, groups %u%s, eager limit %s, "
       "min stripe %s, window %zu%s%s\n",
@@ -81,8 +87,67 @@ void Report::header() const {
   std::fflush(stdout);
 }
 
+void Report::rma_header() const {
+  const bool notified = options_.op == Op::kWrite && options_.notify;
+  std::printf(
+      "# one-sided %s: %zu blocks per batch, %s remote offsets, %s, %zu batches in "
+      "flight%s\n",
+      op_name(options_.op), options_.blocks, offsets_name(options_.offsets),
+      notified
+          ? (std::string("notified (") + protocol_name(options_.notify_protocol) + " protocol)")
+                .c_str()
+          : "no notification",
+      options_.window, options_.verify ? ", verified" : "");
+  std::printf(
+      "# iters: batches; xfer: a block; batch: post -> the initiator's test() says done "
+      "(-W in flight); notify: post -> the target's poll() returns it; lat: %s, one "
+      "batch in flight\n",
+      notified ? "notify" : "batch");
+  std::printf("# each side: --blocks slots of the block size%s, reused by every batch\n",
+              options_.verify ? " per batch in flight" : "");
+  if (notified && !options_.loopback) {
+    std::printf(
+        "# notify: not measured: the two processes may not share a clock (--loopback "
+        "does)\n");
+  }
+  std::printf("%-8s %-7s %-8s %-8s %-9s %-10s %-10s %-11s %-8s %-9s %-9s %-9s %-9s %-9s\n", "bytes",
+              "blocks", "iters", "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec", "GB/s",
+              "batch50", "batch99", "notify50", "notify99", "lat(us)");
+  std::fflush(stdout);
+}
+
+namespace {
+std::string micros_text(double us, bool measured) {
+  if (!measured) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, us < 100 ? "%.2f" : "%.0f", us);
+  return text;
+}
+}  // namespace
+
+void Report::rma_row(const Figures& f) const {
+  const RmaFigures& r = f.rma;
+  const Spread& lone = r.lone_notify.samples ? r.lone_notify : r.lone_batch;
+  std::printf(
+      "%-8s %-7zu %-8s %-8s %-9.2f %-10.2f %-10.2f %-11.3f %-8.3f %-9s %-9s %-9s %-9s "
+      "%-9s\n",
+      size_text(static_cast<double>(f.size)).c_str(), r.blocks,
+      count_text(static_cast<double>(f.iterations)).c_str(),
+      size_text(static_cast<double>(f.bytes)).c_str(), f.seconds, f.mb_per_s(), f.usec_per_xfer(),
+      f.mxfers_per_s(), f.gb_per_s(), micros_text(r.batch.p50_us, r.batch.samples).c_str(),
+      micros_text(r.batch.p99_us, r.batch.samples).c_str(),
+      micros_text(r.notify.p50_us, r.notify.samples).c_str(),
+      micros_text(r.notify.p99_us, r.notify.samples).c_str(),
+      micros_text(lone.p50_us, lone.samples).c_str());
+  std::fflush(stdout);
+}
+
 void Report::row(const Figures& f) {
   rows_.push_back(f);
+  if (options_.one_sided()) {
+    rma_row(f);
+    return;
+  }
   std::printf("%-8s %-8s %-8s %-9.2f %-10.2f %-10.2f %-11.3f %-8.3f %-9.2f %-9.2f %-9.2f\n",
               size_text(static_cast<double>(f.size)).c_str(),
               count_text(static_cast<double>(f.iterations)).c_str(),
@@ -157,8 +222,30 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
       env[entry.substr(0, eq)] = entry.substr(eq + 1);
     }
   }
+  // A spread as JSON: null where it was not measured.
+  const auto spread = [](const Spread& s) {
+    return s.samples ? json{{"p50_us", s.p50_us}, {"p99_us", s.p99_us}, {"samples", s.samples}}
+                     : json(nullptr);
+  };
   json records = json::array();
   for (const Figures& f : rows_) {
+    if (options_.one_sided()) {
+      records.push_back({{"bytes", f.size},
+                         {"blocks", f.rma.blocks},
+                         {"batches", f.iterations},
+                         {"total_bytes", f.bytes},
+                         {"seconds", f.seconds},
+                         {"mb_per_sec", f.mb_per_s()},
+                         {"usec_per_xfer", f.usec_per_xfer()},
+                         {"mxfers_per_sec", f.mxfers_per_s()},
+                         {"gb_per_sec", f.gb_per_s()},
+                         {"batch_latency", spread(f.rma.batch)},
+                         {"time_to_notify", spread(f.rma.notify)},
+                         {"latency_rounds", f.lat_rounds},
+                         {"lone_batch_latency", spread(f.rma.lone_batch)},
+                         {"lone_time_to_notify", spread(f.rma.lone_notify)}});
+      continue;
+    }
     records.push_back({{"bytes", f.size},
                        {"iterations", f.iterations},
                        {"total_bytes", f.bytes},
@@ -193,6 +280,7 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
                      {"window", options_.window},
                      {"bidir", options_.bidir},
                      {"verify", options_.verify},
+                     {"op", op_name(options_.op)},
                      {"environment", env}}},
                    {"setup",
                     {{"connect_accept_us_median", setup.median_connect_us},
@@ -204,6 +292,15 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
                      {"send_lanes", send_lanes},
                      {"receive_lanes", stats.lanes.size() - send_lanes}}},
                    {"results", records}};
+  if (options_.one_sided()) {
+    const bool notified = options_.op == Op::kWrite && options_.notify;
+    document["config"]["blocks"] = options_.blocks;
+    document["config"]["offsets"] = offsets_name(options_.offsets);
+    document["config"]["notify"] = notified;
+    document["config"]["notify_protocol"] =
+        notified ? json(protocol_name(options_.notify_protocol)) : json(nullptr);
+    document["config"]["loopback"] = options_.loopback;
+  }
   std::ofstream out(options_.json);
   if (!out) throw std::runtime_error("cannot write " + options_.json);
   out << document.dump(2) << "\n";

@@ -1,5 +1,6 @@
-// What fi_p2p_bw prints: a header naming the setup, fabtests' columns plus GB/s and latency,
-// a footer with setup cost, memory, registrations and bytes per rail; and the same as JSON.
+// What fi_p2p_bw prints: a header naming the setup, fabtests' columns plus GB/s and latency
+// (one-sided: plus batch latency and time-to-notify), a footer with setup cost, memory,
+// registrations and bytes per rail; and the same as JSON.
 #pragma once
 
 #include <string>
@@ -25,6 +26,9 @@ class Report {
   void write_json(const SetupFigures& setup, const ContextStats& stats) const;
 
  private:
+  void rma_header() const;
+  void rma_row(const Figures& figures) const;
+
   const Options& options_;
   const Context& context_;
   std::vector<Figures> rows_;

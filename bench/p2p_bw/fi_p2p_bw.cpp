@@ -1,4 +1,6 @@
-// fi_p2p_bw: what a fabric gives through loom, with fabtests' options and columns.
+// fi_p2p_bw: what a fabric gives through loom, with fabtests' options and columns: tagged
+// messages (p2p_bw/session.hpp), or one-sided batches with --op write|read
+// (p2p_bw/rma_session.hpp).
 //   server: fi_p2p_bw [options]        client: fi_p2p_bw [options] SERVER
 //   one host: fi_p2p_bw --loopback [options]
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include "common/options.hpp"
 #include "common/report.hpp"
 #include "loom/p2p.hpp"
+#include "p2p_bw/rma_session.hpp"
 #include "p2p_bw/session.hpp"
 
 namespace {
@@ -31,9 +34,9 @@ void pin_to(const std::vector<int>& cores, std::size_t which) {
   if (sched_setaffinity(0, sizeof set, &set) != 0) std::perror("fi_p2p_bw: --pin-core");
 }
 
-int run(const Options& options, loom::bench::Oob& oob) {
-  options.memory.check();  // before any fabric setup: a missing GPU is the error to report
-  loom::bench::Session session(options, oob);
+template <typename Session>
+int run_session(const Options& options, loom::bench::Oob& oob) {
+  Session session(options, oob);
   const auto setup = session.connect_all();
   loom::bench::Report report(options, session.context());
   const bool prints = options.is_client();
@@ -52,6 +55,12 @@ int run(const Options& options, loom::bench::Oob& oob) {
     report.write_json(setup, stats);
   }
   return 0;
+}
+
+int run(const Options& options, loom::bench::Oob& oob) {
+  options.memory.check();  // before any fabric setup: a missing GPU is the error to report
+  return options.one_sided() ? run_session<loom::bench::RmaSession>(options, oob)
+                             : run_session<loom::bench::Session>(options, oob);
 }
 
 int run_loopback(Options options) {
@@ -76,6 +85,8 @@ int run_loopback(Options options) {
       code = run(options, oob);  // server: no server address
     } catch (const loom::Error& e) {
       code = 1;  // a setup error: the client meets the same one and reports it
+    } catch (const loom::bench::SharedError& e) {
+      code = 1;  // the client reports it
     } catch (const std::exception& e) {
       std::fprintf(stderr, "fi_p2p_bw (server): %s\n", e.what());
       code = 1;

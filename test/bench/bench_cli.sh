@@ -25,6 +25,16 @@ expect_refusal "window out of range" 5 -W 0
 expect_refusal "loopback with a server" 5 --loopback 127.0.0.1
 expect_refusal "unreachable server" 10 --timeout 2 -E 1 127.0.0.1
 expect_refusal "unknown device" 5 --device gpu0
+expect_refusal "unknown op" 5 --op put
+expect_refusal "blocks without one-sided op" 5 --blocks 4
+expect_refusal "no blocks per batch" 5 --op write --blocks 0
+expect_refusal "unknown offsets" 5 --op write --offsets random
+expect_refusal "unknown notify protocol" 5 --op write --notify-protocol immediate
+expect_refusal "notified read" 5 --op read --notify
+expect_refusal "notify and no-notify" 5 --op write --notify --no-notify
+expect_refusal "one-sided bidir" 5 --op write --bidir
+expect_refusal "0-byte blocks" 5 --op write -S l:0,4k
+expect_refusal "one-sided slab too large" 5 --op write --blocks 65536 -S 1m -v
 # A misspelt LOOM_* variable is refused before anything opens, not thrown past main.
 LOOM_DATA_RAIL=2 expect_refusal "unknown LOOM_ variable" 5 --loopback -S 1k
 LOOM_EAGER_CREDITS=lots expect_refusal "malformed LOOM_ value" 5 --loopback -S 1k
