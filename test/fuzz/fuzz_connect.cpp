@@ -6,12 +6,12 @@ namespace {
 using namespace loom::p2p;
 using loom::fuzz::ByteSource;
 
-inline constexpr std::size_t kConnectHeaderBytes = 4 + 1 + 4 + 8 + 8 + 4;
+inline constexpr std::size_t kConnectHeaderBytes = 4 + 1 + 4 + 8 + 8 + 4 + 1;
 
 bool same(const ConnectMessage& a, const ConnectMessage& b) {
   return a.magic == b.magic && a.version == b.version && a.listener == b.listener &&
          a.nonce == b.nonce && a.context == b.context && a.connect_id == b.connect_id &&
-         a.reply_to == b.reply_to && loom::fuzz::same(a.lane, b.lane);
+         a.kind == b.kind && a.reply_to == b.reply_to && loom::fuzz::same(a.lane, b.lane);
 }
 
 // Magic and version are not the decoder's to check: the listener answers them with a reject.
@@ -28,6 +28,10 @@ ConnectMessage make_connect(ByteSource& s, bool& valid) {
   m.nonce = s.take<std::uint64_t>();
   m.context = s.take<std::uint64_t>();
   m.connect_id = s.take<std::uint32_t>();
+  // Two-sided, one-sided, or a kind no peer knows (the decoder refuses it).
+  const std::uint8_t kind = s.u8() % 3;
+  valid = valid && kind <= static_cast<std::uint8_t>(ConnectionKind::kOneSided);
+  m.kind = static_cast<ConnectionKind>(kind);
   m.reply_to = loom::fuzz::make_address(s, valid);
   m.lane = loom::fuzz::make_lane(s, valid);
   return m;

@@ -14,6 +14,7 @@
 #include "mux/carried_control.hpp"
 #include "mux/control_channel.hpp"
 #include "p2p/messages.hpp"
+#include "p2p/rma_descriptor.hpp"
 
 namespace {
 
@@ -97,11 +98,13 @@ std::vector<Seed> seeds() {
   s.push_back({"handle/four-short", handle(4, 4)});
   s.push_back({"handle/longest-address", handle(1, kMaxAddressBytes)});
 
-  auto connect = [](std::size_t data, std::size_t ctrl, std::size_t n) {
+  auto connect = [](std::size_t data, std::size_t ctrl, std::size_t n,
+                    ConnectionKind kind = ConnectionKind::kTwoSided) {
     ConnectMessage m{.listener = 1,
                      .nonce = 42,
                      .context = 3,
                      .connect_id = 4,
+                     .kind = kind,
                      .reply_to = address(16, 200),
                      .lane = lane(data, ctrl, n)};
     return encoded(m, encode_connect);
@@ -109,6 +112,7 @@ std::vector<Seed> seeds() {
   s.push_back({"connect/one-rail", connect(1, 1, 16)});
   s.push_back({"connect/four-data-two-control", connect(4, 2, 16)});
   s.push_back({"connect/most-rails", connect(kMaxDataRails, kMaxControlRails, 8)});
+  s.push_back({"connect/one-sided", connect(2, 1, 16, ConnectionKind::kOneSided)});
 
   auto accept = [](std::size_t data, std::size_t ctrl) {
     return encoded(AcceptMessage{.connect_id = 4, .context = 5, .lane = lane(data, ctrl, 16)},
@@ -173,6 +177,22 @@ std::vector<Seed> seeds() {
   s.push_back({"control_header/ping-awaiting",
                control(static_cast<std::uint8_t>(MessageType::kPing),
                        encoded(Ping{.awaiting = true, .oldest_awaiting = 77}, encode_ping))});
+
+  auto descriptor = [](std::uint8_t rails) {
+    RegionDescriptor d{.context = 0x1122334455667788,
+                       .lane = 3,
+                       .slot = 5,
+                       .generation = 1,
+                       .address = 0x7f0000001000,
+                       .size = 64u << 20,
+                       .rails = rails,
+                       .keys = {}};
+    for (std::uint8_t i = 0; i < rails; ++i) d.keys[i] = 0x1000u + i;
+    return encoded(d, encode_descriptor);
+  };
+  s.push_back({"descriptor/one-rail", descriptor(1)});
+  s.push_back({"descriptor/four-rails", descriptor(4)});
+  s.push_back({"descriptor/most-rails", descriptor(kMaxDataRails)});
 
   // fuzz_wire reads a buffer size, bytes, then operations; a counting pattern exercises them all.
   Bytes counting(160);
