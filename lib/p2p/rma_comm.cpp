@@ -306,7 +306,11 @@ void RmaInitiatorImpl::on_completion(ofi::OpContext& context, const ofi::Complet
   --r.ops_outstanding;
   if (completion.status != Status::kOk) [[unlikely]] {
     const char* what = r.kind == RequestKind::kWrite ? "write" : "read";
-    r.fail(completion.status == Status::kPeerError ? Status::kPeerError : Status::kError,
+    // A write the provider gave back (cancelled) or failed for a lost connection: the target
+    // is gone, not the block's fault.
+    const bool gone = completion.status == Status::kPeerError ||
+                      completion.status == Status::kCancelled || peer_gone();
+    r.fail(gone ? Status::kPeerError : Status::kError,
            std::string(what) + " batch: a block failed at the provider (" +
                std::string(completion.error_text) + ")");
   }
@@ -493,7 +497,11 @@ CloseNotice RmaInitiatorImpl::close_notice(CloseReason reason) {
         if (r.ops_outstanding != 0) return true;
       return false;
     };
-    while (writing() && std::chrono::steady_clock::now() < deadline) lane_->progress();
+    while (writing() && std::chrono::steady_clock::now() < deadline) {
+      lane_->progress();
+      check_peer();  // a target silent for the peer timeout ends the wait (once, not twice)
+      if (peer_ == PeerState::kLost) break;
+    }
   }
   return notice_for(next_notify_, {});
 }
