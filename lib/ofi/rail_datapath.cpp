@@ -98,10 +98,18 @@ Status Rail::write(Address peer, const void* buffer, std::size_t length, void* d
 }
 
 namespace {
-std::uint64_t rma_flags(RmaPost how) noexcept {
-  return FI_COMPLETION | (how.more ? FI_MORE : 0) |
-         (how.delivery_complete ? FI_DELIVERY_COMPLETE : 0) |
-         (how.remote_cq_data ? FI_REMOTE_CQ_DATA : 0);
+// One contiguous block each side: what fi_writemsg and fi_readmsg take, pointing into `iov`,
+// `remote` and `desc`, which must outlive the call.
+fi_msg_rma one_block(iovec& iov, fi_rma_iov& remote, void*& desc, Address peer, OpContext* op,
+                     std::uint64_t data) noexcept {
+  return fi_msg_rma{.msg_iov = &iov,
+                    .desc = &desc,
+                    .iov_count = 1,
+                    .addr = peer,
+                    .rma_iov = &remote,
+                    .rma_iov_count = 1,
+                    .context = op,
+                    .data = data};
 }
 }  // namespace
 
@@ -109,15 +117,11 @@ Status Rail::write(Address peer, const void* buffer, std::size_t length, void* d
                    std::uint64_t remote_address, std::uint64_t key, RmaPost how, OpContext* op) {
   iovec iov{const_cast<void*>(buffer), length};
   fi_rma_iov remote{remote_address, length, key};
-  fi_msg_rma msg{.msg_iov = &iov,
-                 .desc = &desc,
-                 .iov_count = 1,
-                 .addr = peer,
-                 .rma_iov = &remote,
-                 .rma_iov_count = 1,
-                 .context = op,
-                 .data = how.data};
-  long rc = fi_writemsg(endpoint_.get(), &msg, rma_flags(how));
+  const fi_msg_rma msg = one_block(iov, remote, desc, peer, op, how.data);
+  const std::uint64_t flags = FI_COMPLETION | (how.more ? FI_MORE : 0) |
+                              (how.delivery_complete ? FI_DELIVERY_COMPLETE : 0) |
+                              (how.remote_cq_data ? FI_REMOTE_CQ_DATA : 0);
+  long rc = fi_writemsg(endpoint_.get(), &msg, flags);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_writemsg", rc);
   stats_.bytes_written += length;
@@ -128,14 +132,7 @@ Status Rail::read(Address peer, void* buffer, std::size_t length, void* desc,
                   std::uint64_t remote_address, std::uint64_t key, RmaPost how, OpContext* op) {
   iovec iov{buffer, length};
   fi_rma_iov remote{remote_address, length, key};
-  fi_msg_rma msg{.msg_iov = &iov,
-                 .desc = &desc,
-                 .iov_count = 1,
-                 .addr = peer,
-                 .rma_iov = &remote,
-                 .rma_iov_count = 1,
-                 .context = op,
-                 .data = 0};
+  const fi_msg_rma msg = one_block(iov, remote, desc, peer, op, 0);
   long rc = fi_readmsg(endpoint_.get(), &msg, FI_COMPLETION | (how.more ? FI_MORE : 0));
   if (rc != 0) [[unlikely]]
     return post_failed("fi_readmsg", rc);
