@@ -103,9 +103,11 @@ void print_outcomes(const char* what, const WriteStream& stream) {
 
 // Every batch ended kOk or kPeerError, the kOk ones first, and posting ended with kPeerError.
 void require_ok_then_peer_error(const WriteStream& stream, const char* what) {
-  for (const BatchRecord& r : stream.records()) {
+  for (std::size_t i = 0; i < stream.records().size(); ++i) {
+    const BatchRecord& r = stream.records()[i];
     require(r.status == Status::kOk || r.status == Status::kPeerError,
-            std::string(what) + ": a batch ended " + status_text(r.status) + ": " + stream.error());
+            std::string(what) + ": batch " + std::to_string(i) + " ended " + status_text(r.status) +
+                ": " + r.error);
   }
   require(stream.ok_is_prefix(), std::string(what) + ": a batch ended kOk after one failed");
   require(stream.refused() == Status::kPeerError,
@@ -124,11 +126,11 @@ TEST_CASE("rma failures: a target killed mid-stream fails the batches in flight 
     Clock::time_point killed{}, died{};
     poll_until([&] { return !unset(killed) && stream.done(); },
                [&] {
+                 stream.test();
                  stream.reuse_ended();  // the target checks nothing here
                  const Status status = stream.post();
                  require(status == Status::kOk || status == Status::kPeerError,
                          "post " + status_text(status) + ": " + stream.refusal());
-                 stream.test();
                  if (unset(killed) && stream.ended() >= 100 && stream.in_flight() >= 16) {
                    ::kill(end.target_pid, SIGKILL);
                    killed = Clock::now();
@@ -225,8 +227,10 @@ TEST_CASE("rma failures: an initiator closing with batches in flight returns in 
     WriteStream stream(end.stream(9, kSmallShape, kCloseBatches));
     poll_until([&] { return stream.ended() >= 300 && stream.in_flight() >= 16; },
                [&] {
-                 require(stream.post() == Status::kOk, "post: " + stream.refusal());
+                 // Tested first, posted last: the window is full when the condition is
+                 // looked at.
                  stream.test();
+                 require(stream.post() == Status::kOk, "post: " + stream.refusal());
                },
                "batches in flight", 60s);
     if (stop) ::kill(end.target_pid, SIGSTOP);

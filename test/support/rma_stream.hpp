@@ -178,6 +178,7 @@ struct BatchRecord {
   std::size_t local_extent = 0;
   std::size_t remote_at = 0;
   std::size_t remote_extent = 0;
+  std::string error;  // last_error() when it failed
 };
 
 // The initiator's side: notified write batches (value = the batch's number) into `remote`, from
@@ -266,7 +267,10 @@ class WriteStream {
       r.status = status;
       r.ended = Clock::now();
       ++ended_;
-      if (status != Status::kOk && error_.empty()) error_ = s_.rma->last_error();
+      if (status != Status::kOk) [[unlikely]] {
+        r.error = s_.rma->last_error();
+        if (error_.empty()) error_ = r.error;
+      }
     }
     while (first_open_ < records_.size() && records_[first_open_].status != Status::kInProgress)
       ++first_open_;
