@@ -235,11 +235,17 @@ void LaneRegistry::drop_shared_region(std::uint32_t slot, std::uint32_t generati
     if (lane->shared_regions().find(slot, generation) == SharedRegions::kNone) continue;
     if (lane->revoke_region(slot, generation)) revoking.push_back(lane);
   }
+  // Every lane makes progress while we wait, not only the revoking ones: the background thread
+  // cannot (it needs mutex_), and the peer may be deregistering a region we write into at this
+  // moment, waiting in turn for our initiator's answer.
   const auto deadline = std::chrono::steady_clock::now() + revoke_timeout;
   while (!revoking.empty() && std::chrono::steady_clock::now() < deadline) {
-    std::erase_if(revoking, [](Lane* lane) {
+    for (Lane* lane : lanes) {
       std::lock_guard lane_lock(lane->lock());
       lane->progress();
+    }
+    std::erase_if(revoking, [](Lane* lane) {
+      std::lock_guard lane_lock(lane->lock());
       return !lane->revoking();
     });
     std::this_thread::yield();

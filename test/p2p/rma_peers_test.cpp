@@ -449,6 +449,82 @@ TEST_CASE("rma peers: lanes close cleanly while the regions they used stay regis
   CHECK(lines.empty());
 }
 
+// Two processes, each the other's target and initiator, deregister the regions the other writes
+// into at the same moment. Each deregistration waits for the other's initiator to confirm the
+// revocation; that answer needs the other process's lanes to make progress while its own thread
+// waits in its deregistration. Both must return well within the peer timeout, and later writes
+// through the revoked descriptors must be refused.
+constexpr unsigned kMutualTimeoutMs = 6000;
+
+void mutual_revocation_role(Channel& channel, std::uint64_t seed) {
+  Config config = test_config(1);
+  config.peer_timeout_ms = kMutualTimeoutMs;
+  Context context(config);
+  std::vector<std::byte> source(64 << 10);
+  std::vector<std::byte> sink(64 << 10);
+  Region local = context.register_memory(source.data(), source.size());
+  Region exported = context.register_memory(sink.data(), sink.size());
+  Listener listener = context.listen();
+  send_handle(channel, listener.handle());
+  RmaConnector connector = context.connect_rma(recv_handle(channel));
+  std::unique_ptr<RmaInitiator> initiator;
+  std::unique_ptr<RmaTarget> target;
+  poll_until([&] { return initiator && target; },
+             [&] {
+               if (!initiator) initiator = connector.poll();
+               if (!target) target = listener.accept_rma();
+             },
+             "the connections both ways", 30s);
+  channel.send_bytes(target->export_region(exported));
+  const RemoteRegion remote = initiator->import_region(channel.recv_bytes());
+
+  const RmaBlock block{local, 0, remote, 0, 16 << 10};
+  fill_pattern({source.data(), block.length}, seed);
+  Request request;
+  require(
+      post_into(initiator->write({&block, 1}, Notification{.tag = seed}), request) == Status::kOk,
+      "write: " + initiator->last_error());
+  Status status = Status::kInProgress;
+  std::optional<Notification> seen;
+  poll_until([&] { return status != Status::kInProgress && seen; },
+             [&] {
+               if (status == Status::kInProgress) status = initiator->test(request);
+               if (!seen) seen = target->poll();
+             },
+             "the batch each way and its notification", 30s);
+  require(status == Status::kOk, "write batch: " + status_text(status));
+  const std::uint64_t peer_seed = seed == 1 ? 2 : 1;
+  require(seen->tag == peer_seed, "notification of another batch");
+  require(check_pattern({sink.data(), block.length}, peer_seed).empty(), "the peer's bytes");
+
+  channel.barrier();
+  const auto began = Clock::now();
+  exported.reset();
+  const auto took = Clock::now() - began;
+  std::fprintf(stderr, "mutual revocation: deregistering took %lld ms\n", milliseconds(took));
+  require(took < std::chrono::milliseconds(kMutualTimeoutMs / 2),
+          "deregistering took " + std::to_string(milliseconds(took)) +
+              " ms: the peer's answer waited for its own deregistration to give up");
+  // The peer's revocation reached this initiator (it answered it): its writes are refused.
+  channel.barrier();
+  const Posted refused = initiator->write({&block, 1}, Notification{.tag = seed + 10});
+  require(
+      refused.status != Status::kOk && initiator->last_error().find("revoked") != std::string::npos,
+      "a write into the revoked region: " + status_text(refused.status) + ": " +
+          initiator->last_error());
+  channel.barrier();
+  initiator->close();
+  target->close();
+}
+
+TEST_CASE("rma peers: two contexts deregister regions the other writes into at the same time",
+          "[rma-regions]") {
+  const std::string outcome = run_pair([](Channel& c) { mutual_revocation_role(c, 1); },
+                                       [](Channel& c) { mutual_revocation_role(c, 2); }, 90s);
+  INFO(outcome);
+  CHECK(outcome.empty());
+}
+
 // ---- [rma-shared] ----
 
 // 8 processes with 2 connections each to one hub context. The live peers land a third of their
