@@ -104,7 +104,9 @@ class RmaInitiator {
 
   // Checks a descriptor the target exported for this connection and keeps it. Throws
   // loom::Error naming what is wrong: not a descriptor, another version, truncated or padded,
-  // or exported by another context or for another connection's lane.
+  // or exported by another context or for another connection's lane; or a region the target
+  // deregistered since: one round trip asks it (the target's lanes answer from its background
+  // progress if its application does not poll, and from its own imports if it is importing).
   RemoteRegion import_region(std::span<const std::byte> descriptor);
   // The handle names nothing from now on (batches already posted with it go on).
   void forget(RemoteRegion region);

@@ -80,6 +80,9 @@ loom::RemoteRegion RmaInitiatorImpl::import_region(std::span<const std::byte> by
          std::chrono::steady_clock::now() < deadline) {
     lane_->progress();
     lane_->lock().unlock();
+    // The target may be importing from us at this moment, waiting on our other lanes (the
+    // background thread gives them a turn only every 100 ms).
+    lanes_.progress_another(*lane_);
     std::this_thread::yield();
     lane_->lock().lock();
   }

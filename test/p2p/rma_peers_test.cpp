@@ -455,6 +455,10 @@ TEST_CASE("rma peers: lanes close cleanly while the regions they used stay regis
 // waits in its deregistration. Both must return well within the peer timeout, and later writes
 // through the revoked descriptors must be refused.
 constexpr unsigned kMutualTimeoutMs = 6000;
+// Background progress turns come every 100 ms (LOOM_PEER_TIMEOUT_MS / 8, at most 100 ms): 50
+// imports answered only there take 2.5 s or more.
+constexpr int kMutualImports = 50;
+constexpr auto kMutualImportsBound = 1500ms;
 
 void mutual_revocation_role(Channel& channel, std::uint64_t seed) {
   Config config = test_config(1);
@@ -476,7 +480,19 @@ void mutual_revocation_role(Channel& channel, std::uint64_t seed) {
              },
              "the connections both ways", 30s);
   channel.send_bytes(target->export_region(exported));
-  const RemoteRegion remote = initiator->import_region(channel.recv_bytes());
+  const std::vector<std::byte> descriptor = channel.recv_bytes();
+  // Each import asks the target whether the region is live, and the target's thread is busy
+  // importing too: the answers come from lanes its own import must progress.
+  const auto imports_began = Clock::now();
+  for (int i = 0; i < kMutualImports; ++i) (void)initiator->import_region(descriptor);
+  const auto imports_took = Clock::now() - imports_began;
+  std::fprintf(stderr, "mutual revocation: %d imports took %lld ms\n", kMutualImports,
+               milliseconds(imports_took));
+  require(imports_took < kMutualImportsBound,
+          std::to_string(kMutualImports) + " imports took " +
+              std::to_string(milliseconds(imports_took)) +
+              " ms: each waited for the target's background progress");
+  const RemoteRegion remote = initiator->import_region(descriptor);
 
   const RmaBlock block{local, 0, remote, 0, 16 << 10};
   fill_pattern({source.data(), block.length}, seed);
