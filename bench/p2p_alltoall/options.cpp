@@ -38,6 +38,9 @@ ParseResult parse_alltoall_options(int argc, char** argv, AlltoallOptions& o, bo
   app.add_option("-w", o.warmup, "warmup messages or iterations (default 10)");
   app.add_option("-W", o.window, "pairs: messages in flight per ordered pair (default 64)")
       ->check(CLI::Range(1, 64));
+  app.add_option("--depth", o.depth,
+                 "alltoall: iterations in flight (default 1: one all-to-all at a time)")
+      ->check(CLI::Range(1, 64));
   app.add_flag("-v", o.verify, "give each message or token its own buffer and check every byte");
   app.add_option("--tokens", o.tokens, "ep: tokens per rank T (default 128)")
       ->check(CLI::Range(1, 65536));

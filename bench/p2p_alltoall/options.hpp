@@ -20,6 +20,7 @@ struct AlltoallOptions {
   std::size_t iterations = 0;      // -I; 0 = by pattern and size
   std::size_t warmup = 10;         // -w
   std::size_t window = 64;         // -W: messages in flight per pair (pairs)
+  std::size_t depth = 1;           // --depth: iterations in flight (alltoall)
   bool verify = false;             // -v
   bool pairs_in_turn = false;      // --pattern pairs / pairs-turn
   bool pairs_at_once = false;      // --pattern pairs / pairs-once

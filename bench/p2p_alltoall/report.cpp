@@ -165,8 +165,9 @@ void RankReport::alltoall(json mine) {
   if (!aggregate_.contains("alltoall")) {
     std::printf(
         "# alltoall: every rank sends S bytes to each of the %d others per iteration "
-        "(two-sided); time: slowest rank; MB/sec: all ranks' bytes / time\n",
-        n - 1);
+        "(two-sided), %zu iteration(s) in flight; time: slowest rank; MB/sec: all ranks' "
+        "bytes / time\n",
+        n - 1, options_.depth);
     std::printf("%-8s %-8s %-8s %-9s %-10s %-10s %-10s %-9s %-9s\n", "bytes", "iters", "total",
                 "time", "MB/sec", "rankMB/s", "usec/iter", "p50(us)", "p99(us)");
   }
@@ -376,6 +377,7 @@ void RankReport::finish(const Footprint& base, const Footprint& connected, const
                            {"groups", c.ngroups},
                            {"verify", options_.verify},
                            {"window", options_.window},
+                           {"depth", options_.depth},
                            {"warmup", options_.warmup}}},
                          {"aggregate", aggregate_},
                          {"ranks", ranks_}};

@@ -19,6 +19,15 @@ import statistics
 import subprocess
 
 
+def checked(command, env):
+    """Runs a tool; on failure prints what it said before raising."""
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    if result.returncode != 0:
+        print(result.stdout[-4000:], result.stderr[-4000:], sep="\n")
+        result.check_returncode()
+    return result
+
+
 def provider_env(provider):
     env = dict(os.environ, LOOM_PROVIDER=provider, FI_PROVIDER=provider,
                OMPI_MCA_pml="ob1", OMPI_MCA_btl="self,vader,tcp")
@@ -32,8 +41,7 @@ def run(args, provider, ranks, path):
     command = ["mpirun", "--oversubscribe", "--allow-run-as-root", "-np", str(ranks), tool,
                "--pattern", "alltoall,ep", "-S", "l:4k,64k", "-I", "20", "--tokens", "32",
                "--timeout", "120", "-q", "--json", path]
-    subprocess.run(command, env=provider_env(provider), check=True, capture_output=True,
-                   timeout=1200)
+    checked(command, provider_env(provider))
     with open(path) as f:
         doc = json.load(f)
     per_rank = doc["ranks"]

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # fi_p2p_alltoall under mpirun: every pattern verified (-v) at small sizes on NP ranks of this
 # host, then the output's sections and the JSON's per-rank figures checked.
-# Usage: bench_alltoall.sh MPIRUN NP FI_P2P_ALLTOALL
+# Usage: bench_alltoall.sh MPIRUN NP FI_P2P_ALLTOALL [more options]
 set -u
 mpirun=$1 np=$2 bin=$3
+shift 3
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
 # MPI only starts the ranks and swaps handles: its own transports stay off the fabric.
@@ -13,7 +14,7 @@ export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp
 # slow unwinder finds.
 [ -n "${ASAN_OPTIONS:-}" ] && export ASAN_OPTIONS="$ASAN_OPTIONS:fast_unwind_on_malloc=0"
 out=$(timeout 280 "$mpirun" --oversubscribe --allow-run-as-root -np "$np" "$bin" -v \
-  -S l:0,1,4k,64k -I 6 -w 2 -W 4 --tokens 24 --timeout 60 --json "$json" 2>&1)
+  -S l:0,1,4k,64k -I 6 -w 2 -W 4 --tokens 24 --timeout 60 --json "$json" "$@" 2>&1)
 code=$?
 printf '%s\n' "$out"
 fail() { echo "FAIL: $*"; exit 1; }
