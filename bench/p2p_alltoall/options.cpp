@@ -33,7 +33,7 @@ ParseResult parse_alltoall_options(int argc, char** argv, AlltoallOptions& o, bo
   app.add_option("-S", sizes,
                  "bytes per pair: N|all|r:start,inc,end|l:a,b,c (default l:4k,64k,1m)");
   app.add_option("-I", o.iterations,
-                 "iterations: messages per pair (pairs, default 2000/200/20 by size), "
+                 "iterations: messages per pair (pairs, default 5000/500/50 by size), "
                  "all-to-alls (default 1000/200/50), dispatch+combine rounds (default 100)");
   app.add_option("-w", o.warmup, "warmup messages or iterations (default 10)");
   app.add_option("-W", o.window, "pairs: messages in flight per ordered pair (default 64)")
@@ -101,7 +101,7 @@ Config alltoall_config(const AlltoallOptions& options) {
 
 std::size_t pair_iterations(const AlltoallOptions& options, std::size_t size) {
   if (options.iterations != 0) return options.iterations;
-  return default_iterations(size) / 10;
+  return default_iterations(size) / 4;
 }
 
 std::size_t alltoall_iterations(const AlltoallOptions& options, std::size_t size) {

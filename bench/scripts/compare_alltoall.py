@@ -92,7 +92,8 @@ def main():
                   f"{rates['alltoall'][-1] / rates['p2p_bw'][-1]:.2f}", flush=True)
     a, b = statistics.median(rates["alltoall"]), statistics.median(rates["p2p_bw"])
     paired = statistics.median(x / y for x, y in zip(rates["alltoall"], rates["p2p_bw"]))
-    what = " ".join(([f"--groups {args.groups}"] if args.groups is not None else []) + args.env)
+    what = " ".join([f"--depth {args.depth}"] +
+                    ([f"--groups {args.groups}"] if args.groups is not None else []) + args.env)
     print(f"{args.provider}, {args.size}, {args.ranks} ranks{', ' + what if what else ''}: alltoall {a:.0f} MB/sec, "
           f"fi_p2p_bw --bidir {b:.0f} MB/sec (medians of {args.reps}); ratio {a / b:.2f}, "
           f"paired {paired:.2f}")

@@ -61,6 +61,7 @@ def run(args, provider, ranks, path):
         "peer_cpu_us": median(lambda r: r["setup"]["per_peer_cpu_us"]),
         "peer_cpu_mean_us": median(lambda r: r["setup"]["per_peer_cpu_mean_us"]),
         "first_us": median(lambda r: r["setup"]["first_peer_us"]),
+        "first_cpu_us": median(lambda r: r["setup"]["first_peer_cpu_us"]),
     }
 
 
@@ -74,7 +75,8 @@ def main():
     args = parser.parse_args()
     counts = [int(n) for n in args.ranks.split(",")]
     print("| provider | N | endpoints/rank | lanes | RSS growth/rank (MiB) | KiB per peer beyond "
-          "the first | setup/peer: wall, CPU (median), CPU (mean) (us) | first peer (ms) |")
+          "the first | setup/peer: wall, CPU (median), CPU (mean) (us) | first peer: wall, CPU "
+          "(ms) |")
     print("|---|---|---|---|---|---|---|---|")
     projections = []
     for provider in args.providers.split(","):
@@ -88,7 +90,7 @@ def main():
             print(f"| {provider} | {n} | {r['endpoints']} | {r['lanes']} | "
                   f"{r['growth_kib'] / 1024:.1f} | {slope:.0f} | {r['peer_us']:.0f}, "
                   f"{r['peer_cpu_us']:.0f}, {r['peer_cpu_mean_us']:.0f} | "
-                  f"{r['first_us'] / 1000:.0f} |", flush=True)
+                  f"{r['first_us'] / 1000:.0f}, {r['first_cpu_us'] / 1000:.0f} |", flush=True)
         # The slope over the widest span, projected from the smallest run.
         first, last = rows[0], rows[-1]
         slope = (last["growth_kib"] - first["growth_kib"]) / (last["ranks"] - first["ranks"])
