@@ -116,6 +116,9 @@ int main(int argc, char** argv) {
     if (world->rank() == 0) (void)parse_alltoall_options(argc, argv, options, true);
     return 0;
   }
+  if (error.empty() && world->size() < 2) {
+    error = "needs at least 2 ranks (mpirun -np N, N >= 2)";
+  }
   if (error.empty() && options.expert && options.topk >= 0 &&
       static_cast<std::size_t>(options.topk) >= static_cast<std::size_t>(world->size())) {
     error = "--topk " + std::to_string(options.topk) +
