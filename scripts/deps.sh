@@ -8,6 +8,7 @@ packages=(
   libfabric-dev libfabric-bin                                # libfabric >= 1.17 and fi_info
   libhwloc-dev libspdlog-dev catch2 libibverbs-dev           # hwloc, logging, tests, rdma-core
   libcli11-dev nlohmann-json3-dev                            # fi_p2p_bw's options and JSON output
+  openmpi-bin libopenmpi-dev                                 # fi_p2p_alltoall's launcher and MPI
   iproute2                                                   # network-namespace tests
   "$@"
 )

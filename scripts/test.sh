@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh
 
 build=${BUILD_DIR:-build-test}
-options=(-Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized)
+options=(-Dtests=enabled -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debugoptimized
+         -Dmpi=enabled)
 if [ -d "$build/meson-private" ]; then
   meson configure "$build" "${options[@]}" >/dev/null
 else
