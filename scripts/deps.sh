@@ -9,6 +9,7 @@ packages=(
   libhwloc-dev libspdlog-dev catch2 libibverbs-dev           # hwloc, logging, tests, rdma-core
   libcli11-dev nlohmann-json3-dev                            # fi_p2p_bw's options and JSON output
   iproute2                                                   # network-namespace tests
+  python3-dev pybind11-dev python3-pytest python3-numpy      # the Python package (python/) and its tests
   "$@"
 )
 
