@@ -9,6 +9,30 @@
 
 namespace py = pybind11;
 
+namespace {
+
+// Debian's libfabric links the psm providers' libinfinipath, whose constructor (run when this
+// module loaded libloom) installs its own handlers for SIGINT, SIGTERM, SIGSEGV, SIGBUS, SIGILL
+// and SIGABRT: Ctrl-C then ended the interpreter with status 1 instead of raising
+// KeyboardInterrupt, and faulthandler lost its hooks. Python's handlers go back (only the main
+// thread may set them: imported elsewhere, they stay as libinfinipath left them).
+void restore_python_signal_handlers() {
+  try {
+    const py::module_ signal = py::module_::import("signal");
+    for (const char* name : {"SIGINT", "SIGTERM", "SIGSEGV", "SIGBUS", "SIGILL", "SIGABRT"}) {
+      const py::object number = signal.attr(name);
+      const py::object handler = signal.attr("getsignal")(number);
+      if (!handler.is_none()) signal.attr("signal")(number, handler);  // none: not Python's
+    }
+    const py::module_ faulthandler = py::module_::import("faulthandler");
+    if (faulthandler.attr("is_enabled")().cast<bool>()) faulthandler.attr("enable")();
+  } catch (py::error_already_set&) {
+    // Not the main thread: signal.signal refuses.
+  }
+}
+
+}  // namespace
+
 PYBIND11_MODULE(loom, module) {
   using namespace loom;
   using namespace loom::python;
@@ -22,6 +46,7 @@ PYBIND11_MODULE(loom, module) {
   module.attr("MAX_HANDLE_BYTES") = kMaxHandleBytes;
   module.attr("MAX_REGION_DESCRIPTOR_BYTES") = kMaxRegionDescriptorBytes;
 
+  restore_python_signal_handlers();
   bind_errors(module);
   bind_ops(module);
   bind_context(module);

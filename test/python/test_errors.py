@@ -1,7 +1,12 @@
 """Bad input raises the right exception, carrying loom's status and message: objects that are
 not buffers, read-only or non-contiguous receive buffers, too small a buffer, too many buffers or
-requests, closed communicators, bad handles and configuration. Also: DLPack objects and
-context managers. One process, two contexts (tcp)."""
+requests, closed communicators, bad handles and configuration. Also: DLPack objects, context
+managers, Ctrl-C in a wait. One process, two contexts (tcp)."""
+import os
+import signal
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -184,3 +189,19 @@ def test_errors_carry_status_and_message():
                         (loom.PeerError, loom.Status.PEER_ERROR),
                         (loom.ProviderError, loom.Status.ERROR)):
         assert cls.status == status
+
+
+def test_ctrl_c_raises_out_of_a_wait_and_the_request_goes_on(pair):
+    # libinfinipath (linked by Debian's libfabric) installs its own SIGINT handler when loaded,
+    # which ended the interpreter with status 1; the module puts Python's back.
+    _, _, out, into = pair
+    request = into.irecv(bytearray(8), 1)
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        request.wait(timeout=30)
+    assert time.monotonic() - started < 5
+    timer.join()
+    assert loom.wait_all([request, out.isend(b"12345678", 1)], timeout=30)
+    assert request.sizes == (8,)
