@@ -221,7 +221,8 @@ def gil_sender(conn):
 
 def test_a_waiting_thread_releases_the_gil():
     ticks, _ = run_pair(gil_receiver, gil_sender)
-    assert ticks > 50, f"the other thread ran {ticks} times in 0.5 s"
+    # Holding the GIL through the wait, the wait would leave it no turn at all.
+    assert ticks > 10, f"the other thread ran {ticks} times in 0.5 s"
 
 
 def close_receiver(conn):
