@@ -162,7 +162,7 @@ py::object sizes_tuple(const Ops& ops, const Entry& e) {
   const auto sizes = ops.sizes(e);
   py::tuple result(sizes.size());
   for (std::size_t i = 0; i < sizes.size(); ++i) result[i] = sizes[i];
-  return std::move(result);
+  return result;
 }
 
 // loom.wait_all: every request of the list tested in passes, oldest first, each owner once
@@ -272,7 +272,7 @@ void bind_ops(py::module_& module) {
             if (!self.ops->done()) return py::none();
             py::list sizes;
             for (const Entry& e : self.ops->entries()) sizes.append(self.ops->sizes(e)[0]);
-            return std::move(sizes);
+            return sizes;
           },
           "Once done: the bytes each request sent or delivered (a list); None before.")
       .def("__len__", [](const RequestsObject& self) { return self.ops->entries().size(); })
