@@ -42,7 +42,9 @@ def default_iterations(size):  # fi_p2p_bw's (bench/common/options.cpp)
 
 def huge_page_buffer(size):
     """`size` bytes at a 2 MiB boundary of an anonymous mapping advised MADV_HUGEPAGE."""
-    mapping = mmap.mmap(-1, max(size, 1) + 2 * HUGE_PAGE)
+    # Private: a shared anonymous mapping is shmem, which transparent huge pages leave alone.
+    mapping = mmap.mmap(-1, max(size, 1) + 2 * HUGE_PAGE,
+                        flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         mapping.madvise(mmap.MADV_HUGEPAGE)
     whole = np.frombuffer(mapping, dtype=np.uint8)

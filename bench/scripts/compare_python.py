@@ -6,6 +6,7 @@ the medians of the repetitions and the median of each repetition's own ratio ("p
 
   bench/scripts/compare_python.py [--build build] [--providers tcp,shm] [--reps 5]
       [--sizes 4k,1m,16m] [--bytes 1g] [--expect 4k=0.7,1m=0.95,16m=0.95] [--fail-below R]
+      [--per-message]
 
 Both use the same libloom from the build directory: the ratio is the Python layer's cost.
 --expect marks each row ok/LOW against the ratio the Python package promises; --fail-below R
@@ -62,6 +63,8 @@ def main():
     parser.add_argument("--expect", default="4k=0.7,1m=0.95,16m=0.95")
     parser.add_argument("--fail-below", type=float, default=0.0)
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--per-message", action="store_true",
+                        help="the Python bench posts and waits one call per message")
     args = parser.parse_args()
     expect = dict(item.split("=") for item in args.expect.split(",") if item)
     p2p_bw = os.path.join(args.build, "bench", "p2p_bw", "fi_p2p_bw")
@@ -69,8 +72,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for provider in args.providers.split(","):
             env = provider_env(provider, args.build)
+            calls = "one call per message" if args.per_message else "one call per window"
             print(f"\n## {provider} (loopback, window {args.window}, cores {args.pin_core}; "
-                  f"median of {args.reps}, interleaved)")
+                  f"median of {args.reps}, interleaved; Python: {calls})")
             print(f"{'size':>6} {'iters':>7} {'python MB/s':>12} {'fi_p2p_bw MB/s':>15} "
                   f"{'ratio':>6} {'paired':>7} {'python min..max':>17} {'p2p_bw min..max':>17}")
             for size in args.sizes.split(","):
@@ -78,8 +82,9 @@ def main():
                 common = ["-S", size, "-I", str(iters), "-W", str(args.window)]
                 if args.pin_core:
                     common += ["--pin-core", args.pin_core]
+                python = [args.python, PYTHON_BENCH] + (["--per-message"] if args.per_message else [])
                 tools = [
-                    lambda: run([args.python, PYTHON_BENCH] + common, env, f"{tmp}/py.json"),
+                    lambda: run(python + common, env, f"{tmp}/py.json"),
                     lambda: run([p2p_bw, "--loopback", "--no-pingpong"] + common, env,
                                 f"{tmp}/p2p.json"),
                 ]
