@@ -49,13 +49,14 @@ check_allowed_ofi lib/p2p completion memory_registration nic rail rail_set selec
 
 # Includes name their layer from lib/ (or include/), never a path relative to the file.
 while IFS= read -r hit; do violation "$hit includes by a relative path"; done \
-  < <(grep -rnE '#include [<"]\.\.?/' lib include providers bench tools \
+  < <(grep -rnE '#include [<"]\.\.?/' lib include providers bench tools python \
         --include='*.cpp' --include='*.hpp' | cut -d: -f1,2)
-# The NCCL plugin sits on the public API only.
+# The NCCL plugin and the Python module sit on the public API only.
 check_includes lib/nccl rdma/ infiniband/ ofi/ mux/ p2p/ util/ topo/ providers/
+check_includes python rdma/ infiniband/ ofi/ mux/ p2p/ util/ topo/ providers/ nccl/
 
 # fi_* calls outside the rail layer and providers.
-for dir in lib/util lib/mux lib/p2p lib/topo lib/nccl include bench tools; do
+for dir in lib/util lib/mux lib/p2p lib/topo lib/nccl include bench tools python; do
   [ -d "$dir" ] || continue
   while IFS= read -r hit; do violation "$hit calls libfabric outside lib/ofi"; done \
     < <(grep -rnE '\bfi_[a-z_]+\(' "$dir" --include='*.cpp' --include='*.hpp' | cut -d: -f1,2)

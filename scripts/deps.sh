@@ -10,6 +10,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev                            # fi_p2p_bw's options and JSON output
   openmpi-bin libopenmpi-dev                                 # fi_p2p_alltoall's launcher and MPI
   iproute2                                                   # network-namespace tests
+  python3-dev pybind11-dev python3-pytest python3-numpy      # the Python package (python/) and its tests
   "$@"
 )
 

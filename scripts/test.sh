@@ -73,7 +73,8 @@ else
   [ "$cuda_status" -eq 0 ] || status=$cuda_status
 fi
 
-# The plugin in the default build type: only what its suite runs is built.
+# The plugin in the default build type: only what its suite runs is built; and there, without
+# a sanitizer, the Python module's bench against fi_p2p_bw (its tests ran in the suite above).
 if [ "${DEFAULT_BUILD:-1}" = 0 ] || [ $# -gt 0 ]; then
   echo "test.sh: the default-build plugin suite is skipped (DEFAULT_BUILD=0 or a selection of tests)"
 else
@@ -85,9 +86,10 @@ else
       meson setup "$default_build" -Dtests=enabled -Dfuzz=disabled >/dev/null
     fi &&
       ninja -C "$default_build" lib/nccl/libnccl-net-loom.so tools/ncclnet_check/ncclnet_check \
-        test/nccl/nccl_settings_test libloom.so.0.1.0 providers/epmr/libepmr-fi.so &&
+        test/nccl/nccl_settings_test libloom.so.0.1.0 providers/epmr/libepmr-fi.so python-module \
+        bench/p2p_bw/fi_p2p_bw &&
       meson test -C "$default_build" --no-rebuild --print-errorlogs --num-processes "$(nproc)" \
-        --suite nccl
+        --suite nccl --suite python-bench
   } 2>&1 | tee -a "$log"
   default_status=${PIPESTATUS[0]}
   set -e
