@@ -222,8 +222,11 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   app.add_option("--offsets", offsets,
                  "--op write|read: the blocks' remote offsets, contiguous or shuffled (a random "
                  "permutation of the batch's slots)");
-  app.add_flag("--notify", "--op write: each batch carries a notification (the default)");
-  app.add_flag("--no-notify", "--op write: batches without a notification");
+  // Flags without a variable (read back with count()); add_flag(name, "text") is ambiguous
+  // under g++ with Debian's CLI11.
+  app.add_flag("--notify")->description("--op write: each batch carries a notification (the "
+                                        "default)");
+  app.add_flag("--no-notify")->description("--op write: batches without a notification");
   std::string protocol = "completion";
   app.add_option("--notify-protocol", protocol,
                  "--op write: completion (loom's: notify once every write completed) or cq-data "
