@@ -91,6 +91,9 @@ struct RmaStats {
   std::uint64_t bytes_written = 0;
   std::uint64_t bytes_read = 0;
   std::uint64_t notifications = 0;  // sent (initiator) or returned by poll (target)
+  // Initiator: writes posted FI_DELIVERY_COMPLETE (every write of a batch, or only its last on
+  // each rail where the provider places writes in order; none for kCountedCqData).
+  std::uint64_t delivery_waits = 0;
   std::uint64_t lane_id = 0;
   std::size_t lane_comms = 0;  // communicators and connections sharing the lane
 };

@@ -74,6 +74,8 @@ NicAttributes describe(const fi_info& info, NicOptions options) {
       .tag_bits = usable_tag_bits(info.ep_attr->mem_tag_format),
       .inject_size = info.tx_attr->inject_size,
       .max_msg_size = info.ep_attr->max_msg_size,
+      .ordered_write_bytes =
+          (info.tx_attr->msg_order & FI_ORDER_WAW) != 0 ? info.ep_attr->max_order_waw_size : 0,
       .link_speed_bps = link_speed(info),
       .max_tx_depth = info.tx_attr->size,
       .max_rx_depth = info.rx_attr->size,

@@ -37,6 +37,9 @@ struct NicAttributes {
   std::size_t tag_bits = 0;  // usable tag bits (from mem_tag_format, at most 64)
   std::size_t inject_size = 0;
   std::size_t max_msg_size = 0;
+  // Writes up to this size land in the target's memory in the order they were posted
+  // (FI_ORDER_WAW in msg_order with max_order_waw_size; SIZE_MAX: any size); 0: no such order.
+  std::size_t ordered_write_bytes = 0;
   bool carry_control = true;          // the provider profile's (providers/profile.hpp)
   std::size_t min_carrier_bytes = 0;  // the provider profile's
   bool inject_writes = true;          // the provider profile's

@@ -148,6 +148,9 @@ Status RmaInitiatorImpl::post(RequestKind kind, std::span<const RmaBlock> blocks
   Batch& batch = batch_of(*r);
   batch.protocol = notification ? protocol : NotifyProtocol::kAfterCompletion;
   batch.notified = false;
+  if (kind == RequestKind::kWrite && batch.protocol == NotifyProtocol::kAfterCompletion) {
+    choose_delivery_waits(batch);
+  }
   if (notification) {
     const bool counted = protocol == NotifyProtocol::kCountedCqData;
     batch.notification =
@@ -250,6 +253,29 @@ bool RmaInitiatorImpl::plan(Request& r, std::span<const RmaBlock> blocks) {
   return true;
 }
 
+// A batch is done (and its notification may leave) once its writes are in the target's memory.
+// A write posted FI_DELIVERY_COMPLETE completes only then; where a rail's provider places writes
+// in the order they were posted (NicAttributes::ordered_write_bytes covers every piece on the
+// rail), the last piece on that rail arriving means the earlier ones have, and only it needs to
+// wait: on tcp;ofi_rxm a delivery-complete write costs an acknowledgement from the target.
+void RmaInitiatorImpl::choose_delivery_waits(Batch& batch) {
+  // Bit r: rail r has a piece beyond its provider's ordered size / its last piece was seen
+  // (walking from the end). LOOM_DATA_RAILS is at most 16.
+  std::uint32_t unordered = 0;
+  for (const Piece& piece : batch.pieces) {
+    const std::size_t ordered_bytes =
+        lane_->rails().data(piece.rail).nic().attributes().ordered_write_bytes;
+    // max_order_waw_size orders writes "smaller than the size"; SIZE_MAX means any size.
+    if (ordered_bytes != SIZE_MAX && piece.length >= ordered_bytes) unordered |= 1U << piece.rail;
+  }
+  std::uint32_t seen = 0;
+  for (auto piece = batch.pieces.rbegin(); piece != batch.pieces.rend(); ++piece) {
+    const std::uint32_t bit = 1U << piece->rail;
+    piece->delivery_complete = (unordered & bit) != 0 || (seen & bit) == 0;
+    seen |= bit;
+  }
+}
+
 // Oldest batch first, so that blocks reach the provider in post order. A piece goes with FI_MORE
 // when another is posted right after it in this call.
 void RmaInitiatorImpl::post_pending() {
@@ -273,7 +299,7 @@ void RmaInitiatorImpl::post_pending() {
           write ? rail.write(peer_data_[piece.rail], piece.local, piece.length, piece.desc,
                              piece.remote_address, piece.key,
                              {.more = more,
-                              .delivery_complete = !counted,
+                              .delivery_complete = piece.delivery_complete,
                               .remote_cq_data = counted,
                               .data = immediate},
                              &ops_[op])
@@ -290,6 +316,7 @@ void RmaInitiatorImpl::post_pending() {
         break;
       }
       free_ops_.pop_back();
+      rma_stats_.delivery_waits += write && piece.delivery_complete ? 1 : 0;
       op_owner_[op] = &r;
       ++r.ops_outstanding;
       ++batch.next;

@@ -76,7 +76,8 @@ class RmaInitiatorImpl final : public RmaComm, ofi::CompletionHandler {
     std::uint64_t key = 0;
     std::size_t length = 0;
     std::uint32_t rail = 0;
-    std::uint32_t block = 0;  // for error texts
+    std::uint32_t block = 0;         // for error texts
+    bool delivery_complete = false;  // a write that completes once it is in the target's memory
   };
   // A batch as posted, by its request's index in the pool.
   struct Batch {
@@ -106,6 +107,8 @@ class RmaInitiatorImpl final : public RmaComm, ofi::CompletionHandler {
   Batch& batch_of(const Request& r) noexcept { return batches_[requests_.index_of(r)]; }
   // Checks every block and plans its pieces; false with last_error_ set (nothing held).
   bool plan(Request& r, std::span<const RmaBlock> blocks);
+  // Which of a write batch's pieces are posted FI_DELIVERY_COMPLETE (see the definition).
+  void choose_delivery_waits(Batch& batch);
   // Hands the oldest batches' pieces to the provider while op contexts are free.
   void post_pending();
   // A batch all of whose pieces came back: done, failed, or its notification's turn.
