@@ -101,7 +101,15 @@ const char* protocol_name(NotifyProtocol protocol) {
 }
 
 const char* offsets_name(Offsets offsets) {
-  return offsets == Offsets::kShuffled ? "shuffled" : "contiguous";
+  switch (offsets) {
+    case Offsets::kContiguous:
+      return "contiguous";
+    case Offsets::kShuffled:
+      return "shuffled";
+    case Offsets::kSame:
+      return "same";
+  }
+  return "?";
 }
 
 namespace {
@@ -149,6 +157,9 @@ void check_one_sided(Options& o, const CLI::App& app, const std::string& sizes) 
     }
   }
   if (!given("-W")) o.window = kRmaWindow;
+  if (o.offsets == Offsets::kSame && o.verify) {
+    throw std::invalid_argument("--offsets same with -v: overlapping blocks cannot be checked");
+  }
   // A block is never empty: "all" starts at 1 byte here.
   if (sizes == "all") o.sizes.erase(o.sizes.begin());
   if (std::find(o.sizes.begin(), o.sizes.end(), 0) != o.sizes.end()) {
@@ -158,7 +169,7 @@ void check_one_sided(Options& o, const CLI::App& app, const std::string& sizes) 
   // overwrites another's).
   const std::size_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
   const std::size_t sets = o.verify ? o.window : 1;
-  if (largest > kMaxSlab / o.blocks / sets) {
+  if (o.offsets != Offsets::kSame && largest > kMaxSlab / o.blocks / sets) {
     throw std::invalid_argument((o.verify ? "-v -W " + std::to_string(o.window) + " x " : "") +
                                 std::string("--blocks ") + std::to_string(o.blocks) + " x -S " +
                                 std::to_string(largest) + " needs more than 8 GiB per side");
@@ -220,12 +231,15 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
       ->check(CLI::Range(1, 65536));
   std::string offsets = "contiguous";
   app.add_option("--offsets", offsets,
-                 "--op write|read: the blocks' remote offsets, contiguous or shuffled (a random "
-                 "permutation of the batch's slots)");
+                 "--op write|read: the blocks' remote offsets, contiguous, shuffled (a random "
+                 "permutation of the batch's slots) or same (every block from and to one slot, "
+                 "as fi_rma_bw writes one buffer)");
   // Flags without a variable (read back with count()); add_flag(name, "text") is ambiguous
   // under g++ with Debian's CLI11.
-  app.add_flag("--notify")->description("--op write: each batch carries a notification (the "
-                                        "default)");
+  app.add_flag("--notify")
+      ->description(
+          "--op write: each batch carries a notification (the "
+          "default)");
   app.add_flag("--no-notify")->description("--op write: batches without a notification");
   std::string protocol = "completion";
   app.add_option("--notify-protocol", protocol,
@@ -276,7 +290,7 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   o.memory = MemoryChoice::parse(device);
   o.op = pick("--op", op, op_name, std::array{Op::kSend, Op::kWrite, Op::kRead});
   o.offsets = pick("--offsets", offsets, offsets_name,
-                   std::array{Offsets::kContiguous, Offsets::kShuffled});
+                   std::array{Offsets::kContiguous, Offsets::kShuffled, Offsets::kSame});
   o.notify_protocol =
       pick("--notify-protocol", protocol, protocol_name,
            std::array{NotifyProtocol::kAfterCompletion, NotifyProtocol::kCountedCqData});

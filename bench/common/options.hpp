@@ -23,7 +23,9 @@ namespace loom::bench {
 enum class Op : std::uint8_t { kSend, kWrite, kRead };
 // Where a batch's blocks land in the target's memory: slot i for block i, or a random
 // permutation of the batch's slots (the same one for every batch of a size).
-enum class Offsets : std::uint8_t { kContiguous, kShuffled };
+// kSame: every block from one local slot into one remote slot, as fi_rma_bw writes one buffer
+// (the protocol's rate without the memory traffic of many blocks; no -v).
+enum class Offsets : std::uint8_t { kContiguous, kShuffled, kSame };
 
 // One-sided batches in flight when -W is not given. Two keep the pipe full: one batch's blocks
 // go while the other's last completions and notification are under way. More only queue: a
@@ -76,7 +78,7 @@ std::size_t default_iterations(std::size_t size);
 // One-sided: batches that move as many blocks as fabtests moves messages of that size (at
 // least 10).
 std::size_t default_batches(std::size_t size, std::size_t blocks);
-// "write", "read", "send"; "completion", "cq-data"; "contiguous", "shuffled".
+// "write", "read", "send"; "completion", "cq-data"; "contiguous", "shuffled", "same".
 const char* op_name(Op op);
 const char* protocol_name(NotifyProtocol protocol);
 const char* offsets_name(Offsets offsets);

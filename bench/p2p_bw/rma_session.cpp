@@ -126,7 +126,8 @@ void RmaSession::heed_abort() {
 // (one binary, one seed), so that the target knows where each block lands.
 void RmaSession::prepare(std::size_t size) {
   const std::size_t blocks = options_.blocks;
-  const std::size_t slots = slot_sets_ * blocks;
+  const bool same = options_.offsets == Offsets::kSame;
+  const std::size_t slots = same ? 1 : slot_sets_ * blocks;
   if (initiator_ && remote_.valid()) initiator_->forget(remote_);
   region_.reset();
   slab_.assign(slots * size, std::byte{0});
@@ -153,9 +154,9 @@ void RmaSession::prepare(std::size_t size) {
   for (std::size_t set = 0; set < slot_sets_; ++set) {
     for (std::size_t i = 0; i < blocks; ++i) {
       blocks_.push_back({.local = region_,
-                         .local_offset = (set * blocks + i) * size,
+                         .local_offset = same ? 0 : (set * blocks + i) * size,
                          .remote = remote_,
-                         .remote_offset = (set * blocks + permutation_[i]) * size,
+                         .remote_offset = same ? 0 : (set * blocks + permutation_[i]) * size,
                          .length = size});
     }
   }
