@@ -254,24 +254,34 @@ bool RmaInitiatorImpl::plan(Request& r, std::span<const RmaBlock> blocks) {
 }
 
 // A batch is done (and its notification may leave) once its writes are in the target's memory.
-// A write posted FI_DELIVERY_COMPLETE completes only then; where a rail's provider places writes
-// in the order they were posted (NicAttributes::ordered_write_bytes covers every piece on the
-// rail), the last piece on that rail arriving means the earlier ones have, and only it needs to
-// wait: on tcp;ofi_rxm a delivery-complete write costs an acknowledgement from the target.
+// A write posted FI_DELIVERY_COMPLETE completes only then. Two cases need fewer:
+// - The rail's provider places writes in the order they were posted (NicAttributes::
+//   ordered_write_bytes covers every piece on the rail): the last piece on that rail arriving
+//   means the earlier ones have, and only it waits (tcp;ofi_rxm acknowledges each such write).
+// - The rail's provider completes a write only once the peer took it, in the order its
+//   endpoint posted them (NicAttributes::peer_paced_above: shm). There no write waits: one to a
+//   stopped or dead target would hold up every later completion on the lane, to every target.
+//   A plain write is shm's fast one, copied into the target's memory in the call
+//   (process_vm_writev) where the kernel allows it, else one the target applies from its queue:
+//   before its answer above the inject size, before the notification (which left after the
+//   write's completion) up to it, as the target progresses its data rails once more before it
+//   hands a notification out (RmaTargetImpl::poll_notification).
 void RmaInitiatorImpl::choose_delivery_waits(Batch& batch) {
   // Bit r: rail r has a piece beyond its provider's ordered size / its last piece was seen
   // (walking from the end). LOOM_DATA_RAILS is at most 16.
   std::uint32_t unordered = 0;
+  std::uint32_t paced = 0;
   for (const Piece& piece : batch.pieces) {
-    const std::size_t ordered_bytes =
-        lane_->rails().data(piece.rail).nic().attributes().ordered_write_bytes;
+    const ofi::NicAttributes& nic = lane_->rails().data(piece.rail).nic().attributes();
+    if (nic.peer_paced_above != 0) paced |= 1U << piece.rail;
+    const std::size_t ordered_bytes = nic.ordered_write_bytes;
     // max_order_waw_size orders writes "smaller than the size"; SIZE_MAX means any size.
     if (ordered_bytes != SIZE_MAX && piece.length >= ordered_bytes) unordered |= 1U << piece.rail;
   }
   std::uint32_t seen = 0;
   for (auto piece = batch.pieces.rbegin(); piece != batch.pieces.rend(); ++piece) {
     const std::uint32_t bit = 1U << piece->rail;
-    piece->delivery_complete = (unordered & bit) != 0 || (seen & bit) == 0;
+    piece->delivery_complete = (paced & bit) == 0 && ((unordered & bit) != 0 || (seen & bit) == 0);
     seen |= bit;
   }
 }
@@ -615,6 +625,10 @@ std::optional<Notification> RmaTargetImpl::poll_notification() {
     kick_other_lanes();
     return std::nullopt;
   }
+  // Writes shm applies from the target's queue complete at the initiator before they are
+  // applied (see RmaInitiatorImpl::choose_delivery_waits): those of this notification's batch
+  // were queued before it was sent, and this progress applies them.
+  if (lane_->rails().data(0).nic().attributes().peer_paced_above != 0) lane_->progress();
   Notification next = ready_.front();
   ready_.pop_front();
   ++rma_stats_.notifications;

@@ -786,6 +786,170 @@ void star_hub(std::span<Channel> channels) {
     if (p != kKilled) channels[p].barrier();
 }
 
+// The other way round: one initiator context writes to 3 target processes, its connections on
+// one send lane. Target kFanStopped is stopped and kFanKilled killed mid-stream (blocks up to
+// 12 KiB: above shm's inject size, where shm completes a delivery-complete write only once the
+// peer answered, in the order the endpoint posted them: such writes to a stopped target held up
+// every other target's until the test timed out). The live target's batches must go on
+// meanwhile (none waits as long as a peer timeout), the doomed ones end kOk then kPeerError,
+// and no notification comes for a batch that did not end kOk.
+constexpr std::size_t kFanPeers = 3;
+constexpr std::size_t kFanLive = 0;
+constexpr std::size_t kFanStopped = 1;
+constexpr std::size_t kFanKilled = 2;
+constexpr std::uint64_t kFanBatches = 240;  // per stream; the doomed ones never get there
+constexpr std::uint64_t kFanBefore = 20;    // landed on every stream before the events
+constexpr Shape kFanShape{.max_blocks = 4, .small_max = 12 << 10, .max_gap = 64};
+constexpr std::size_t kFanWindowBytes = 12 << 20;  // every batch has its own place
+static_assert(kFanBatches * (4 * ((12 << 10) + 64) + 64) <= kFanWindowBytes);
+
+void fan_target(Channel& channel, std::size_t peer) {
+  Context context(star_config());
+  std::vector<std::byte> sink(kFanWindowBytes);
+  Region region = context.register_memory(sink.data(), sink.size());
+  Listener listener = context.listen();
+  channel.send_value<int>(static_cast<int>(::getpid()));
+  send_handle(channel, listener.handle());
+  std::unique_ptr<RmaTarget> target = accept_rma_one(listener);
+  channel.send_bytes(target->export_region(region));
+  NotificationCheck check(std::span<const std::byte>(sink), 200 + peer, kFanShape, 200 + peer);
+  // Until the hub's word (how many batches it saw end kOk); then what is still on its way.
+  poll_until([&] { return channel.readable(); },
+             [&] {
+               if (auto n = target->poll()) {
+                 check.check(*n);
+               } else {
+                 std::this_thread::sleep_for(100us);
+               }
+             },
+             "the hub's word", 120s);
+  const auto ok = channel.recv_value<std::uint64_t>();
+  const auto until = Clock::now() + 5s;
+  while (check.seen() < ok && Clock::now() < until) {
+    if (auto n = target->poll()) check.check(*n);
+  }
+  channel.send_value<std::uint64_t>(check.seen());
+  channel.barrier();
+  target->close();
+}
+
+void fan_initiator(std::span<Channel> channels) {
+  Context context(star_config());
+  std::vector<std::byte> staging(kFanPeers * kFanWindowBytes);
+  Region local = context.register_memory(staging.data(), staging.size());
+  std::vector<int> pids;
+  std::vector<std::unique_ptr<RmaInitiator>> rmas;
+  std::vector<WriteStream> streams;
+  for (std::size_t p = 0; p < kFanPeers; ++p) {
+    pids.push_back(channels[p].recv_value<int>());
+    rmas.push_back(connect_rma_one(context, recv_handle(channels[p])));
+    const RemoteRegion remote = rmas.back()->import_region(channels[p].recv_bytes());
+    streams.emplace_back(WriteStream::Setup{
+        .rma = rmas.back().get(),
+        .local = local,
+        .local_bytes = std::span(staging).subspan(p * kFanWindowBytes, kFanWindowBytes),
+        .local_offset = p * kFanWindowBytes,
+        .remote = remote,
+        .remote_offset = 0,
+        .remote_size = kFanWindowBytes,
+        .stream = 200 + p,
+        .shape = kFanShape,
+        .tag = 200 + p,
+        .limit = kFanBatches,
+        .window = 16,
+        .test_all = true});
+  }
+  for (const auto& rma : rmas) {
+    require(rma->stats().lane_id == rmas[0]->stats().lane_id,
+            "the initiator's connections are on different lanes");
+  }
+  Clock::time_point events{};
+  Clock::time_point last_live = Clock::now();
+  Clock::duration gap{};  // the longest the live stream went without a batch ending, after them
+  poll_until(
+      [&] {
+        return std::all_of(streams.begin(), streams.end(),
+                           [](const WriteStream& s) { return s.done(); });
+      },
+      [&] {
+        for (std::size_t p = 0; p < kFanPeers; ++p) {
+          const Status status = streams[p].post();
+          require(status == Status::kOk || (p != kFanLive && status == Status::kPeerError),
+                  "stream " + std::to_string(p) + ": post " + status_text(status) + ": " +
+                      streams[p].refusal());
+          const std::uint64_t before = streams[p].ended();
+          streams[p].test();
+          if (p == kFanLive && streams[p].ended() != before) {
+            const auto now = Clock::now();
+            if (events != Clock::time_point{})
+              gap = std::max(gap, now - std::max(last_live, events));
+            last_live = now;
+          }
+        }
+        if (events == Clock::time_point{} &&
+            std::all_of(streams.begin(), streams.end(),
+                        [](const WriteStream& s) { return s.ended() >= kFanBefore; })) {
+          // On shm they may all be done: its writes complete in the call where it copies them.
+          std::fprintf(stderr,
+                       "rma fan-out: %zu and %zu batches in flight to the stopped and the killed "
+                       "target\n",
+                       streams[kFanStopped].in_flight(), streams[kFanKilled].in_flight());
+          ::kill(pids[kFanStopped], SIGSTOP);
+          ::kill(pids[kFanKilled], SIGKILL);
+          events = Clock::now();
+        }
+      },
+      "the streams", 150s);
+  std::fprintf(stderr,
+               "rma fan-out: after the stop and the kill the live target's batches waited at "
+               "most %lld ms\n",
+               milliseconds(gap));
+  ::kill(pids[kFanStopped], SIGCONT);
+  require(gap < std::chrono::milliseconds(kStarTimeoutMs),
+          "the live target's batches waited " + std::to_string(milliseconds(gap)) +
+              " ms: held up by the stopped or killed target");
+  for (std::size_t p = 0; p < kFanPeers; ++p) {
+    const WriteStream& stream = streams[p];
+    const std::string what = "stream " + std::to_string(p);
+    std::fprintf(stderr, "%s: %zu posted, %zu kOk, %zu kPeerError\n", what.c_str(),
+                 stream.records().size(), stream.count(Status::kOk),
+                 stream.count(Status::kPeerError));
+    require(stream.ok_is_prefix(), what + ": a batch ended kOk after one failed");
+    if (p == kFanLive) {
+      require(stream.count(Status::kOk) == kFanBatches, what + ": " + stream.error());
+    } else {
+      require(
+          stream.count(Status::kOk) + stream.count(Status::kPeerError) == stream.records().size(),
+          what + ": a batch ended neither kOk nor kPeerError: " + stream.error());
+      require(stream.count(Status::kPeerError) > 0, what + ": no batch failed");
+    }
+    if (p == kFanKilled) continue;
+    channels[p].send_value<std::uint64_t>(stream.count(Status::kOk));
+    const auto seen = channels[p].recv_value<std::uint64_t>();
+    // The stopped target's connection failed while it was stopped: notifications of its last
+    // kOk batches may have failed with it, but none may come for a batch that did not end kOk.
+    require(p == kFanLive ? seen == kFanBatches : seen <= stream.count(Status::kOk),
+            what + ": " + std::to_string(seen) + " notified of " +
+                std::to_string(stream.count(Status::kOk)) + " kOk batches");
+  }
+  for (std::size_t p = 0; p < kFanPeers; ++p)
+    if (p != kFanKilled) channels[p].barrier();
+  for (auto& rma : rmas) rma->close();
+}
+
+TEST_CASE(
+    "rma peers: one initiator's connections to 3 targets share its lane; a stopped and a killed "
+    "target hold up none of the others",
+    "[rma-shared]") {
+  const StarOutcome outcome = run_star(fan_initiator, fan_target, kFanPeers, 180s);
+  INFO(outcome.hub);
+  CHECK(outcome.hub.empty());
+  for (std::size_t p = 0; p < kFanPeers; ++p) {
+    INFO("target " << p);
+    CHECK(outcome.peers[p] == (p == kFanKilled ? "child killed by signal 9" : ""));
+  }
+}
+
 TEST_CASE(
     "rma peers: 16 connections share the target's lane; a killed and a stopped peer hold "
     "up none of the others",
