@@ -528,10 +528,14 @@ void RmaInitiatorImpl::answer_revocations() {
 }
 
 // Our close notice says every write we posted has completed: the target may close its endpoints
-// once it has it. So the writes in flight finish first (bounded by LOOM_PEER_TIMEOUT_MS).
+// once it has it. So the writes in flight finish first, or the target is found lost: silent for
+// LOOM_PEER_TIMEOUT_MS counted from the last time we heard of it, at most a check after this
+// wait began. The deadline only backs that up: were it the peer timeout itself, it would pass
+// a moment before check_peer() gives up, and Comm::close would wait a second peer timeout.
 CloseNotice RmaInitiatorImpl::close_notice(CloseReason reason) {
   if (reason == CloseReason::kClosed) {
-    const auto deadline = std::chrono::steady_clock::now() + settings_.peer_timeout;
+    const auto deadline =
+        std::chrono::steady_clock::now() + settings_.peer_timeout + settings_.peer_timeout / 4;
     auto writing = [&] {
       for (const Request& r : requests_.in_use(RequestKind::kWrite))
         if (r.ops_outstanding != 0) return true;
