@@ -142,29 +142,32 @@ py::object isend(const std::shared_ptr<SendCommState>& self, py::handle buffer, 
   return make_request(std::move(ops));
 }
 
-py::object isend_many(const std::shared_ptr<SendCommState>& self, py::handle buffers,
-                      py::handle tags) {
+// isend_many and irecv_many: one request per buffer, all posted in one call or none.
+// `post_one(target, tag, region)` posts one (under the communicator's lock, as run_post holds
+// it); `what` names a failed one ("message 3: ...").
+template <typename State, typename PostOne>
+py::object post_many(const std::shared_ptr<State>& self, py::handle buffers, py::handle tags,
+                     bool writable, const char* what, PostOne&& post_one) {
   const py::list list = as_list(buffers, "buffers");
   const std::vector<Tag> tag_list = to_tags(tags, list.size());
   auto ops = std::make_unique<Ops>(self);
   ops->reserve(list.size(), list.size());
   std::vector<Target> targets;
   targets.reserve(list.size());
-  Resolver resolver(*ops, *self->context(), false);
+  Resolver resolver(*ops, *self->context(), writable);
   for (py::handle buffer : list) {
     targets.push_back(resolver.get(buffer));
     ops->add_entry(1);
   }
   ops = run_post(*self, std::move(ops), [&](Outcome& outcome, Ops& posting) {
     if (!fits(*self, targets.size(), outcome)) return;
-    SendComm& comm = self->send_locked();
+    Communicator& comm = self->comm_locked();
     TemporaryRegions temporary(comm);
     for (std::size_t i = 0; i < targets.size(); ++i) {
-      const Target& t = targets[i];
-      const Posted posted = comm.isend(t.data, t.size, tag_list[i], temporary.get(t));
+      const Posted posted = post_one(targets[i], tag_list[i], temporary.get(targets[i]));
       if (posted.status != Status::kOk) {
         outcome.status = posted.status;
-        outcome.message = "message " + std::to_string(i) + ": " + comm.last_error();
+        outcome.message = std::string(what) + " " + std::to_string(i) + ": " + comm.last_error();
         return;
       }
       posting.set_request(i, posted.request);
@@ -172,6 +175,14 @@ py::object isend_many(const std::shared_ptr<SendCommState>& self, py::handle buf
     }
   });
   return make_requests(std::move(ops));
+}
+
+py::object isend_many(const std::shared_ptr<SendCommState>& self, py::handle buffers,
+                      py::handle tags) {
+  return post_many(self, buffers, tags, false, "message",
+                   [&](const Target& t, Tag tag, MemoryRegion region) {
+                     return self->send_locked().isend(t.data, t.size, tag, region);
+                   });
 }
 
 // The receive buffers of one irecv (or iflush): `buffers` one object and `tags` an int, or
@@ -225,35 +236,11 @@ py::object post_receive(const std::shared_ptr<RecvCommState>& self, py::handle b
 
 py::object irecv_many(const std::shared_ptr<RecvCommState>& self, py::handle buffers,
                       py::handle tags) {
-  const py::list list = as_list(buffers, "buffers");
-  const std::vector<Tag> tag_list = to_tags(tags, list.size());
-  auto ops = std::make_unique<Ops>(self);
-  ops->reserve(list.size(), list.size());
-  std::vector<Target> targets;
-  targets.reserve(list.size());
-  Resolver resolver(*ops, *self->context(), true);
-  for (py::handle buffer : list) {
-    targets.push_back(resolver.get(buffer));
-    ops->add_entry(1);
-  }
-  ops = run_post(*self, std::move(ops), [&](Outcome& outcome, Ops& posting) {
-    if (!fits(*self, targets.size(), outcome)) return;
-    RecvComm& comm = self->recv_locked();
-    TemporaryRegions temporary(comm);
-    for (std::size_t i = 0; i < targets.size(); ++i) {
-      const RecvBuffer buffer{targets[i].data, targets[i].size, tag_list[i],
-                              temporary.get(targets[i])};
-      const Posted posted = comm.irecv({&buffer, 1});
-      if (posted.status != Status::kOk) {
-        outcome.status = posted.status;
-        outcome.message = "receive " + std::to_string(i) + ": " + comm.last_error();
-        return;
-      }
-      posting.set_request(i, posted.request);
-      outcome.posted = i + 1;
-    }
-  });
-  return make_requests(std::move(ops));
+  return post_many(self, buffers, tags, true, "receive",
+                   [&](const Target& t, Tag tag, MemoryRegion region) {
+                     const RecvBuffer buffer{t.data, t.size, tag, region};
+                     return self->recv_locked().irecv({&buffer, 1});
+                   });
 }
 
 py::dict comm_stats(CommState& self) {
