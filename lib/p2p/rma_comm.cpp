@@ -258,30 +258,33 @@ bool RmaInitiatorImpl::plan(Request& r, std::span<const RmaBlock> blocks) {
 // - The rail's provider places writes in the order they were posted (NicAttributes::
 //   ordered_write_bytes covers every piece on the rail): the last piece on that rail arriving
 //   means the earlier ones have, and only it waits (tcp;ofi_rxm acknowledges each such write).
-// - The rail's provider completes a write only once the peer took it, in the order its
-//   endpoint posted them (NicAttributes::peer_paced_above: shm). There no write waits: one to a
-//   stopped or dead target would hold up every later completion on the lane, to every target.
+// - The data rails' provider completes a write only once the peer took it, in the order its
+//   endpoint posted them, and peer isolation is on (Comm::paced_above_, as two-sided stripes
+//   use it: shm). There no write waits: one to a stopped or dead target would hold up every
+//   later completion on the lane, to every target.
 //   A plain write is shm's fast one, copied into the target's memory in the call
 //   (process_vm_writev) where the kernel allows it, else one the target applies from its queue:
 //   before its answer above the inject size, before the notification (which left after the
 //   write's completion) up to it, as the target progresses its data rails once more before it
 //   hands a notification out (RmaTargetImpl::poll_notification).
 void RmaInitiatorImpl::choose_delivery_waits(Batch& batch) {
+  if (paced_above_ != 0) {
+    for (Piece& piece : batch.pieces) piece.delivery_complete = false;
+    return;
+  }
   // Bit r: rail r has a piece beyond its provider's ordered size / its last piece was seen
   // (walking from the end). LOOM_DATA_RAILS is at most 16.
   std::uint32_t unordered = 0;
-  std::uint32_t paced = 0;
   for (const Piece& piece : batch.pieces) {
-    const ofi::NicAttributes& nic = lane_->rails().data(piece.rail).nic().attributes();
-    if (nic.peer_paced_above != 0) paced |= 1U << piece.rail;
-    const std::size_t ordered_bytes = nic.ordered_write_bytes;
+    const std::size_t ordered_bytes =
+        lane_->rails().data(piece.rail).nic().attributes().ordered_write_bytes;
     // max_order_waw_size orders writes "smaller than the size"; SIZE_MAX means any size.
     if (ordered_bytes != SIZE_MAX && piece.length >= ordered_bytes) unordered |= 1U << piece.rail;
   }
   std::uint32_t seen = 0;
   for (auto piece = batch.pieces.rbegin(); piece != batch.pieces.rend(); ++piece) {
     const std::uint32_t bit = 1U << piece->rail;
-    piece->delivery_complete = (paced & bit) == 0 && ((unordered & bit) != 0 || (seen & bit) == 0);
+    piece->delivery_complete = (unordered & bit) != 0 || (seen & bit) == 0;
     seen |= bit;
   }
 }
@@ -591,7 +594,9 @@ RmaStats RmaInitiatorImpl::rma_stats() const {
 // ---- target ----
 
 RmaTargetImpl::RmaTargetImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
-    : RmaComm(core, lane, mux::Direction::kRecv, peer) {}
+    : RmaComm(core, lane, mux::Direction::kRecv, peer),
+      // The provider's, not paced_above_: the initiator's isolation setting decides its writes.
+      progress_before_notifying_(lane.rails().data(0).nic().attributes().peer_paced_above != 0) {}
 
 std::vector<std::byte> RmaTargetImpl::export_region(const MemoryRegion& region) {
   std::lock_guard lock(lane_->lock());
@@ -632,7 +637,7 @@ std::optional<Notification> RmaTargetImpl::poll_notification() {
   // Writes shm applies from the target's queue complete at the initiator before they are
   // applied (see RmaInitiatorImpl::choose_delivery_waits): those of this notification's batch
   // were queued before it was sent, and this progress applies them.
-  if (lane_->rails().data(0).nic().attributes().peer_paced_above != 0) lane_->progress();
+  if (progress_before_notifying_) lane_->progress();
   Notification next = ready_.front();
   ready_.pop_front();
   ++rma_stats_.notifications;

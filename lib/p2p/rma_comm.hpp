@@ -186,6 +186,9 @@ class RmaTargetImpl final : public RmaComm {
   }
 
   std::deque<Notification> ready_;  // landed, in post order, not polled yet
+  // The data rails' provider may complete a write before it applied it here (shm): progress
+  // once more before a notification is handed out (RmaInitiatorImpl::choose_delivery_waits).
+  const bool progress_before_notifying_;
   // Complete, ahead of their turn (another control rail was faster); nullopt: cancelled.
   std::map<std::uint32_t, std::optional<Notify>> early_;
   // kCountedCqData: writes counted per counter, and the notifications waiting for their count.
