@@ -13,7 +13,13 @@ other.
 
 --latency prints one-way latency instead, against fi_rdm_tagged_pingpong: both tools run the
 same untimed warmup rounds (-w) and timed rounds (-I / fi_p2p_bw --lat-iters), and both report
-the timed rounds' total time / rounds / 2 (fabtests' usec/xfer; fi_p2p_bw's lat(us)).
+the timed rounds' total time / rounds / 2 (fabtests' usec/xfer; fi_p2p_bw's lat(us)). loom's
+p50 and p99 of single rounds follow (fabtests prints none).
+
+Both tables start with the machine: CPU, cores, kernel, libfabric, hypervisor, and what a core
+that only spins reading the clock loses to interruptions (the spin probe, on each of the two
+cores the tools are pinned to). On a virtual machine that is the floor under every p99: a round
+trip that meets one takes microseconds longer, in either tool.
 
 fabtests are not part of loom: build them from libfabric's source (matching the installed
 libfabric) into a directory of your own and point FABTESTS_BIN at its bin/.
@@ -21,6 +27,7 @@ libfabric) into a directory of your own and point FABTESTS_BIN at its bin/.
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -38,6 +45,80 @@ def to_bytes(text):
 
 def iterations(size):
     return 100000 if to_bytes(size) < 65536 else max((2 << 30) // to_bytes(size), 100)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def virtualization():
+    """What systemd-detect-virt says (a container shows as such), and whether the CPU reports a
+    hypervisor underneath."""
+    try:
+        detected = subprocess.run(["systemd-detect-virt"], capture_output=True,
+                                  text=True).stdout.strip() or "none"
+    except OSError:
+        detected = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flag = " hypervisor" in f.read()
+    except OSError:
+        flag = False
+    return f"{detected}{', under a hypervisor' if flag else ''}"
+
+
+def libfabric_version():
+    try:
+        out = subprocess.run(["fi_info", "--version"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            if line.startswith("libfabric:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def spin_probe(core, seconds=0.5, gap_ns=2000):
+    """Spins on `core` reading the clock: interruptions longer than gap_ns per second, and the
+    share of the time they took."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        clock = time.perf_counter_ns
+        start = previous = clock()
+        end = start + int(seconds * 1e9)
+        gaps = lost = 0
+        while previous < end:
+            now = clock()
+            if now - previous > gap_ns:
+                gaps += 1
+                lost += now - previous
+            previous = now
+    finally:
+        os.sched_setaffinity(0, before)
+    elapsed = previous - start
+    return gaps / (elapsed / 1e9), 100.0 * lost / elapsed
+
+
+def print_machine():
+    print(f"# machine: {cpu_model()}, {os.cpu_count()} cores, kernel {platform.release()}, "
+          f"libfabric {libfabric_version()}, virtualization: {virtualization()}")
+    probes = []
+    for core in (0, 1):
+        try:
+            rate, lost = spin_probe(core)
+        except OSError:
+            continue
+        probes.append(f"core {core}: {rate:.0f}/s over 2 us, {lost:.1f}% of the time")
+    if probes:
+        print("# spin probe (a core spinning on the clock, interrupted): " + "; ".join(probes))
 
 
 def fabtests_args(provider):
@@ -88,7 +169,8 @@ def run_loom_latency(binary, provider, size, json_path, rounds, warmup):
                     "--lat-iters", str(rounds), "-w", str(warmup), "--json", json_path],
                    env=loom_env(provider), check=True, capture_output=True, timeout=300)
     with open(json_path) as f:
-        return json.load(f)["results"][0]["latency_avg_us"]
+        row = json.load(f)["results"][0]
+    return row["latency_avg_us"], row["latency_p50_us"], row["latency_p99_us"]
 
 
 def latency_tables(args, fabtests, tmp):
@@ -99,7 +181,7 @@ def latency_tables(args, fabtests, tmp):
               f"{args.lat_iters} timed rounds after {args.lat_warmup}; median of {args.reps}, "
               f"interleaved)")
         print(f"{'size':>6} {'loom us':>8} {'pingpong us':>12} {'loom/pingpong':>14} "
-              f"{'paired':>7}")
+              f"{'paired':>7} {'loom p50':>9} {'loom p99':>9}")
         for size in args.lat_sizes.split(","):
             loom, ft = [], []
             for rep in range(args.reps):
@@ -111,12 +193,14 @@ def latency_tables(args, fabtests, tmp):
                 for k in range(len(runs)):
                     port += 1
                     runs[(rep + k) % len(runs)](port)
-            l, f = statistics.median(loom), statistics.median(ft)
-            paired = statistics.median(a / b for a, b in zip(loom, ft))
-            print(f"{size:>6} {l:8.2f} {f:12.2f} {l / f:14.2f} {paired:7.2f}", flush=True)
+            l, f = statistics.median(r[0] for r in loom), statistics.median(ft)
+            p50, p99 = (statistics.median(r[i] for r in loom) for i in (1, 2))
+            paired = statistics.median(a[0] / b for a, b in zip(loom, ft))
+            print(f"{size:>6} {l:8.2f} {f:12.2f} {l / f:14.2f} {paired:7.2f} {p50:9.2f} "
+                  f"{p99:9.2f}", flush=True)
             if args.show_runs:
                 print("         runs (loom/pingpong us): " +
-                      " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(loom, ft)), flush=True)
+                      " ".join(f"{a[0]:.2f}/{b:.2f}" for a, b in zip(loom, ft)), flush=True)
 
 
 def run_loom(binary, provider, size, json_path):
@@ -147,6 +231,7 @@ def main():
     fabtests = os.environ.get("FABTESTS_BIN")
     if not fabtests:
         sys.exit("compare_fabtests: set FABTESTS_BIN to fabtests' bin directory")
+    print_machine()
     if args.latency:
         with tempfile.TemporaryDirectory() as tmp:
             latency_tables(args, fabtests, tmp)
