@@ -239,8 +239,16 @@ void stalled_receiver(Channel& channel) {
     if (!done) status = test_once(*in, receive, done, {});
   };
   channel.send_value(static_cast<int>(::getpid()));
-  // The sender stops this process while the data flows, and says when it closed. On a fast
-  // run the whole message arrived before the stop: the receive may finish here.
+  // The sender has this process stop while the data flows (it stops itself, between calls:
+  // two_process.hpp), and says when it closed. On a fast run the whole message arrived before
+  // the stop: the receive may finish here.
+  bool stopped = false;
+  poll_until([&] { return stopped; },
+             [&] {
+               test_receive();
+               stopped = obey_signal(channel);
+             },
+             "the sender's order to stop", 60s);
   poll_until([&] { return channel.readable(); }, test_receive, "the sender's close", 60s);
   require(channel.recv_value<int>() == 1, "sender out of step");
   // Every byte was handed over before the close: the receive completes.
@@ -274,7 +282,8 @@ void closing_sender(Channel& channel) {
   };
   poll_until([&] { return done || written() != 0; }, [&] { (void)test_once(*out, send, done, {}); },
              "the writes to be posted", 60s);
-  ::kill(receiver, SIGSTOP);
+  order_signal(channel, SIGSTOP);
+  wait_until_stopped(receiver);
   auto test_for = [&](std::chrono::milliseconds how_long) {
     const auto until = std::chrono::steady_clock::now() + how_long;
     while (!done && std::chrono::steady_clock::now() < until) (void)test_once(*out, send, done, {});

@@ -132,7 +132,7 @@ TEST_CASE("rma failures: a target killed mid-stream fails the batches in flight 
                  require(status == Status::kOk || status == Status::kPeerError,
                          "post " + status_text(status) + ": " + stream.refusal());
                  if (unset(killed) && stream.ended() >= 100 && stream.in_flight() >= 16) {
-                   ::kill(end.target_pid, SIGKILL);
+                   order_signal(channel, SIGKILL);  // it dies between calls: two_process.hpp
                    killed = Clock::now();
                  }
                  if (!unset(killed) && unset(died) && channel.peer_closed()) died = Clock::now();
@@ -162,7 +162,13 @@ TEST_CASE("rma failures: a target killed mid-stream fails the batches in flight 
   };
   const auto target = [](Channel& channel) {
     TargetEnd end(channel);
-    poll_until([] { return false; }, [&] { (void)end.target->poll(); }, "the kill", 60s);
+    unsigned turns = 0;
+    poll_until([] { return false; },
+               [&] {
+                 (void)end.target->poll();
+                 if (++turns % 64 == 0) (void)obey_signal(channel);  // a system call
+               },
+               "the kill", 60s);
   };
   const std::string failure = run_pair(initiator, target);
   INFO(failure);
@@ -233,7 +239,10 @@ TEST_CASE("rma failures: an initiator closing with batches in flight returns in 
                  require(stream.post() == Status::kOk, "post: " + stream.refusal());
                },
                "batches in flight", 60s);
-    if (stop) ::kill(end.target_pid, SIGSTOP);
+    if (stop) {
+      order_signal(channel, SIGSTOP);  // it stops between calls: two_process.hpp
+      wait_until_stopped(end.target_pid);
+    }
     const std::uint64_t posted = stream.records().size();
     const std::uint64_t ok = stream.count(Status::kOk);
     const auto start = Clock::now();
@@ -255,10 +264,20 @@ TEST_CASE("rma failures: an initiator closing with batches in flight returns in 
     require(seen >= ok, "a batch that ended kOk was never notified");
     channel.barrier();
   };
-  const auto target = [](Channel& channel) {
+  const auto target = [stop](Channel& channel) {
     TargetEnd end(channel);
     NotificationCheck check(end.sink, 9, kSmallShape, 9);
     auto on_notification = [&](const Notification& n) { check.check(n); };
+    if (stop) {
+      bool stopped = false;
+      unsigned turns = 0;
+      poll_until([&] { return stopped; },
+                 [&] {
+                   if (auto n = end.target->poll()) check.check(*n);
+                   if (++turns % 64 == 0) stopped = obey_signal(channel);  // a system call
+                 },
+                 "the initiator's order to stop", 60s);
+    }
     const std::uint64_t posted =
         serve_until_message(*end.target, channel, on_notification, "the initiator's close", 60s);
     (void)channel.recv_value<std::uint64_t>();

@@ -618,7 +618,9 @@ void star_peer(Channel& channel, std::size_t peer) {
   require(rmas[0]->stats().lane_id == rmas[1]->stats().lane_id,
           "one process's connections to one target are on different lanes");
   channel.barrier();
-  bool told = doomed_peer(peer);  // the live ones wait for the hub's word after kLiveFirst
+  // The live ones wait for the hub's word after kLiveFirst; the doomed ones for its order to
+  // stop or die (two_process.hpp: between calls, with their batches in flight).
+  bool told = false;
   std::uint64_t last_ended = 0;
   poll_until(
       [&] {
@@ -626,7 +628,9 @@ void star_peer(Channel& channel, std::size_t peer) {
                std::all_of(streams.begin(), streams.end(), [](auto& s) { return s.done(); });
       },
       [&] {
-        if (!told && channel.readable()) {
+        if (doomed_peer(peer) && !told) {
+          told = obey_signal(channel);
+        } else if (!told && channel.readable()) {
           require(channel.recv_value<std::uint64_t>() == kStarBatches, "hub out of step");
           for (WriteStream& stream : streams) stream.extend(kStarBatches);
           told = true;
@@ -735,8 +739,8 @@ void star_hub(std::span<Channel> channels) {
                 if (checks[t].seen() < (live(t) ? kLiveFirst : kBeforeEvents)) return false;
               return true;
             }()) {
-          ::kill(pids[kKilled], SIGKILL);
-          ::kill(pids[kStopped], SIGSTOP);
+          order_signal(channels[kKilled], SIGKILL);
+          order_signal(channels[kStopped], SIGSTOP);
           events = now;
           for (std::size_t p = 0; p < kStarPeers; ++p)
             if (!doomed_peer(p)) channels[p].send_value(kStarBatches);
@@ -813,9 +817,13 @@ void fan_target(Channel& channel, std::size_t peer) {
   std::unique_ptr<RmaTarget> target = accept_rma_one(listener);
   channel.send_bytes(target->export_region(region));
   NotificationCheck check(std::span<const std::byte>(sink), 200 + peer, kFanShape, 200 + peer);
-  // Until the hub's word (how many batches it saw end kOk); then what is still on its way.
-  poll_until([&] { return channel.readable(); },
+  // A doomed target first takes the hub's order to stop or die (two_process.hpp: between
+  // calls). Until the hub's word (how many batches it saw end kOk); then what is still on its
+  // way.
+  bool obeyed = peer == kFanLive;
+  poll_until([&] { return obeyed && channel.readable(); },
              [&] {
+               if (!obeyed) obeyed = obey_signal(channel);
                if (auto n = target->poll()) {
                  check.check(*n);
                } else {
@@ -894,8 +902,8 @@ void fan_initiator(std::span<Channel> channels) {
                        "rma fan-out: %zu and %zu batches in flight to the stopped and the killed "
                        "target\n",
                        streams[kFanStopped].in_flight(), streams[kFanKilled].in_flight());
-          ::kill(pids[kFanStopped], SIGSTOP);
-          ::kill(pids[kFanKilled], SIGKILL);
+          order_signal(channels[kFanStopped], SIGSTOP);
+          order_signal(channels[kFanKilled], SIGKILL);
           events = Clock::now();
         }
       },

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 #include <utility>
 
@@ -200,6 +201,46 @@ void poll_until(const std::function<bool()>& done, const std::function<void()>& 
     require(std::chrono::steady_clock::now() < deadline, "timed out waiting for " + what);
     step();
   }
+}
+
+namespace {
+
+// An order's bytes: told apart from the test's own messages by its size and magic.
+struct SignalOrder {
+  std::uint64_t magic = 0;
+  std::int32_t signal = 0;
+  std::int32_t reserved = 0;
+};
+constexpr std::uint64_t kSignalOrderMagic = 0x4c4f4f4d5349474eULL;  // "LOOMSIGN"
+
+// The state letter of /proc/<pid>/stat ('T' stopped), or 0 when it cannot be read.
+char process_state(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  // The command name may hold spaces and parentheses: the state follows the last ')'.
+  const std::size_t close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() ? 0 : line[close + 2];
+}
+
+}  // namespace
+
+void order_signal(Channel& victim, int signal) {
+  victim.send_value(SignalOrder{.magic = kSignalOrderMagic, .signal = signal});
+}
+
+bool obey_signal(Channel& channel) {
+  if (!channel.readable()) return false;
+  const auto order = channel.recv_value<SignalOrder>();
+  require(order.magic == kSignalOrderMagic, "expected a signal order on the channel");
+  ::raise(order.signal);
+  return true;
+}
+
+void wait_until_stopped(int pid, std::chrono::milliseconds timeout) {
+  poll_until([&] { return process_state(pid) == 'T'; },
+             [] { std::this_thread::sleep_for(std::chrono::microseconds(100)); },
+             "process " + std::to_string(pid) + " to stop", timeout);
 }
 
 }  // namespace loom::test

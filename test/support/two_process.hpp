@@ -88,4 +88,19 @@ StarOutcome run_star(const std::function<void(std::span<Channel>)>& hub_role,
 void poll_until(const std::function<bool()>& done, const std::function<void()>& step,
                 const std::string& what, std::chrono::milliseconds timeout = 30000ms);
 
+// Stopping or killing a peer process. shm (libfabric 1.17) copies between processes under a
+// spin lock in one of their shared regions, held across process_vm_writev and
+// process_vm_readv: a process stopped or killed inside a libfabric call may hold a peer's lock,
+// and the peer then spins inside the provider while it is stopped, or for good (a stop lands
+// at the end of a system call, inside the copy). No bound of loom's can reach there, so tests
+// stop and kill a process only between its calls: the test tells it to (order_signal), and it
+// raises the signal itself where it looks for the order (obey_signal), its operations still in
+// flight.
+void order_signal(Channel& victim, int signal);
+// Raises the signal ordered on `channel`, if an order is waiting (returns after SIGCONT for
+// SIGSTOP); true if one was. A message that is not an order fails the test.
+bool obey_signal(Channel& channel);
+// Waits until process `pid` is stopped (SIGSTOP took effect); throws Failure after `timeout`.
+void wait_until_stopped(int pid, std::chrono::milliseconds timeout = 10000ms);
+
 }  // namespace loom::test
