@@ -49,12 +49,16 @@ ofi::RailPlacement LaneRegistry::default_placement() const {
 Lane& LaneRegistry::join(std::uint64_t peer, Direction direction,
                          const ofi::RailPlacement& placement) {
   std::lock_guard lock(mutex_);
-  PeerComms& comms = peers_[peer];
+  const auto [found, new_peer] = peers_.try_emplace(peer);
+  PeerComms& comms = found->second;
+  // Peers start at successive groups, so that with as many groups as peers each peer has lanes
+  // of its own: on shm every peer writing into a lane takes that lane's one queue lock.
+  if (new_peer && ngroups_ != 0) comms.first_group = next_first_group_++ % ngroups_;
   const std::uint64_t ordinal = comms.ordinals[static_cast<std::size_t>(direction)];
   // Without grouping every communicator gets a group, and so a lane, of its own. Those numbers
   // lie above any group index (ngroups <= 256).
-  const std::uint64_t group =
-      ngroups_ == 0 ? (std::uint64_t{1} << 63) + next_private_group_++ : ordinal % ngroups_;
+  const std::uint64_t group = ngroups_ == 0 ? (std::uint64_t{1} << 63) + next_private_group_++
+                                            : (comms.first_group + ordinal) % ngroups_;
   LaneKey key{placement.data, placement.control, direction, group};
   auto [it, opened] = lanes_.try_emplace(std::move(key));
   Entry& entry = it->second;

@@ -138,6 +138,7 @@ class LaneRegistry {
   struct PeerComms {
     std::uint64_t ordinals[2] = {0, 0};  // by Direction
     std::size_t open = 0;
+    std::uint64_t first_group = 0;  // where this peer's communicators start (LOOM_NGROUPS > 1)
   };
   struct Closing {
     std::unique_ptr<Lane> lane;
@@ -159,6 +160,7 @@ class LaneRegistry {
   std::size_t cursor_ = 0;
   std::map<std::uint64_t, PeerComms> peers_;  // by peer context id
   std::uint64_t next_private_group_ = 0;      // ngroups 0: a group per communicator
+  std::uint64_t next_first_group_ = 0;        // the next new peer's first group
   std::uint64_t next_lane_id_ = 1;
   std::uint64_t lanes_opened_ = 0;
   std::vector<Closing> closing_;

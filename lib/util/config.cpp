@@ -194,7 +194,8 @@ constexpr Row kTable[] = {
     "control rails (endpoints carrying handshakes and clear-to-send) per lane"),
   number<&Config::ngroups, 0, 256>("LOOM_NGROUPS", "1",
     "lanes (endpoint groups) per direction shared by the communicators to all peers on the same "
-    "NICs; one peer's communicators spread over them; 0 = one lane per communicator"),
+    "NICs; peers start at successive lanes and each peer's communicators go round from there; "
+    "0 = one lane per communicator"),
   number<&Config::qp_depth_multiplier, 1, 64>("LOOM_QP_DEPTH_MULTIPLIER", "1",
     "scales queue depths of shared lanes; clamped to the provider's limits"),
   number<&Config::eager_max, 0, 1ull << 24>("LOOM_EAGER_MAX", "16k",

@@ -204,6 +204,48 @@ TEST_CASE("p2p shared lanes: the hub's communicators to 4 peers share one lane e
   for (const std::string& peer : outcome.peers) CHECK(peer.empty());
 }
 
+// LOOM_NGROUPS spreads peers, not only one peer's communicators: with 2 groups the hub's 4
+// peers take 2 lanes each way, 2 peers on each (on shm every peer writing into a lane takes
+// that lane's one queue lock), and the endpoints stay those of 2 lanes whatever the peers.
+TEST_CASE("p2p shared lanes: with 2 groups the hub's 4 peers spread over 2 lanes each way",
+          "[shared-lanes]") {
+  constexpr std::size_t kPeers = 4;
+  constexpr unsigned kGroups = 2;
+  const auto hub = [&](std::span<Channel> channels) {
+    Config config = hub_config();
+    config.ngroups = kGroups;
+    Context context(config);
+    Listener listener = context.listen();
+    std::vector<Transfer> transfers;
+    std::vector<HubLink> links;
+    for (Channel& channel : channels) links.push_back(link_peer(context, listener, channel));
+    start_together(channels);
+    const ContextStats stats = context.stats();
+    for (const bool send : {true, false}) {
+      std::size_t lanes = 0;
+      for (const auto& lane : stats.lanes) {
+        if (lane.send != send) continue;
+        ++lanes;
+        require(lane.peers == kPeers / kGroups && lane.comms == kPeers / kGroups,
+                std::string(send ? "send" : "receive") + " lane " + std::to_string(lane.id) +
+                    " holds " + std::to_string(lane.peers) + " peers, " +
+                    std::to_string(lane.comms) + " communicators; expected 2 of each");
+      }
+      require(lanes == kGroups, std::to_string(lanes) + (send ? " send" : " receive") +
+                                    " lanes, expected " + std::to_string(kGroups));
+    }
+    require(endpoints(stats) == 4 * kGroups,
+            std::to_string(endpoints(stats)) + " endpoints, expected 8 (2 lanes each way)");
+    for (std::size_t p = 0; p < kPeers; ++p) post_exchange(transfers, links[p], p, true);
+    finish_all(transfers, "the hub's messages");
+    for (Channel& channel : channels) channel.barrier();
+  };
+  const StarOutcome outcome = run_star(hub, peer_exchanges, kPeers);
+  INFO(outcome.hub);
+  CHECK(outcome.hub.empty());
+  for (const std::string& peer : outcome.peers) CHECK(peer.empty());
+}
+
 // Peer 0 dies while its 64 MiB message to the hub is being written, with the hub's to it
 // waiting for a receive; peers 1 and 2 exchange messages with
 // the hub in rounds meanwhile, and must neither fail nor stall until the death is detected.
