@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -178,30 +179,41 @@ void peer_exchanges(Channel& channel, std::size_t index) {
   channel.barrier();
 }
 
+// The hub's side of the exchange cases: links each peer, hands the context's stats to `check`
+// once all are linked, then a verified message each way with every peer.
+void hub_exchanges(const Config& config, std::span<Channel> channels,
+                   const std::function<void(const ContextStats&)>& check) {
+  Context context(config);
+  Listener listener = context.listen();
+  std::vector<Transfer> transfers;
+  std::vector<HubLink> links;
+  for (Channel& channel : channels) links.push_back(link_peer(context, listener, channel));
+  start_together(channels);
+  check(context.stats());
+  for (std::size_t p = 0; p < links.size(); ++p) post_exchange(transfers, links[p], p, true);
+  finish_all(transfers, "the hub's messages");
+  for (Channel& channel : channels) channel.barrier();
+}
+
+void check_everyone_done(const StarOutcome& outcome) {
+  INFO(outcome.hub);
+  CHECK(outcome.hub.empty());
+  for (const std::string& peer : outcome.peers) CHECK(peer.empty());
+}
+
 TEST_CASE("p2p shared lanes: the hub's communicators to 4 peers share one lane each way",
           "[shared-lanes]") {
   constexpr std::size_t kPeers = 4;
   const auto hub = [&](std::span<Channel> channels) {
-    Context context(hub_config());
-    Listener listener = context.listen();
-    std::vector<Transfer> transfers;
-    std::vector<HubLink> links;
-    for (Channel& channel : channels) links.push_back(link_peer(context, listener, channel));
-    start_together(channels);
-    const ContextStats stats = context.stats();
-    require(only_lane(stats, true).peers == kPeers, "the send lane does not hold every peer");
-    require(only_lane(stats, false).peers == kPeers, "the receive lane does not hold every peer");
-    require(only_lane(stats, true).comms == kPeers, "send lane communicators");
-    require(endpoints(stats) == 4,
-            std::to_string(endpoints(stats)) + " endpoints, expected 4 (data + control, each way)");
-    for (std::size_t p = 0; p < kPeers; ++p) post_exchange(transfers, links[p], p, true);
-    finish_all(transfers, "the hub's messages");
-    for (Channel& channel : channels) channel.barrier();
+    hub_exchanges(hub_config(), channels, [&](const ContextStats& stats) {
+      require(only_lane(stats, true).peers == kPeers, "the send lane does not hold every peer");
+      require(only_lane(stats, false).peers == kPeers, "the receive lane does not hold every peer");
+      require(only_lane(stats, true).comms == kPeers, "send lane communicators");
+      require(endpoints(stats) == 4, std::to_string(endpoints(stats)) +
+                                         " endpoints, expected 4 (data + control, each way)");
+    });
   };
-  const StarOutcome outcome = run_star(hub, peer_exchanges, kPeers);
-  INFO(outcome.hub);
-  CHECK(outcome.hub.empty());
-  for (const std::string& peer : outcome.peers) CHECK(peer.empty());
+  check_everyone_done(run_star(hub, peer_exchanges, kPeers));
 }
 
 // LOOM_NGROUPS spreads peers, not only one peer's communicators: with 2 groups the hub's 4
@@ -214,36 +226,25 @@ TEST_CASE("p2p shared lanes: with 2 groups the hub's 4 peers spread over 2 lanes
   const auto hub = [&](std::span<Channel> channels) {
     Config config = hub_config();
     config.ngroups = kGroups;
-    Context context(config);
-    Listener listener = context.listen();
-    std::vector<Transfer> transfers;
-    std::vector<HubLink> links;
-    for (Channel& channel : channels) links.push_back(link_peer(context, listener, channel));
-    start_together(channels);
-    const ContextStats stats = context.stats();
-    for (const bool send : {true, false}) {
-      std::size_t lanes = 0;
-      for (const auto& lane : stats.lanes) {
-        if (lane.send != send) continue;
-        ++lanes;
-        require(lane.peers == kPeers / kGroups && lane.comms == kPeers / kGroups,
-                std::string(send ? "send" : "receive") + " lane " + std::to_string(lane.id) +
-                    " holds " + std::to_string(lane.peers) + " peers, " +
-                    std::to_string(lane.comms) + " communicators; expected 2 of each");
+    hub_exchanges(config, channels, [&](const ContextStats& stats) {
+      for (const bool send : {true, false}) {
+        std::size_t lanes = 0;
+        for (const auto& lane : stats.lanes) {
+          if (lane.send != send) continue;
+          ++lanes;
+          require(lane.peers == kPeers / kGroups && lane.comms == kPeers / kGroups,
+                  std::string(send ? "send" : "receive") + " lane " + std::to_string(lane.id) +
+                      " holds " + std::to_string(lane.peers) + " peers, " +
+                      std::to_string(lane.comms) + " communicators; expected 2 of each");
+        }
+        require(lanes == kGroups, std::to_string(lanes) + (send ? " send" : " receive") +
+                                      " lanes, expected " + std::to_string(kGroups));
       }
-      require(lanes == kGroups, std::to_string(lanes) + (send ? " send" : " receive") +
-                                    " lanes, expected " + std::to_string(kGroups));
-    }
-    require(endpoints(stats) == 4 * kGroups,
-            std::to_string(endpoints(stats)) + " endpoints, expected 8 (2 lanes each way)");
-    for (std::size_t p = 0; p < kPeers; ++p) post_exchange(transfers, links[p], p, true);
-    finish_all(transfers, "the hub's messages");
-    for (Channel& channel : channels) channel.barrier();
+      require(endpoints(stats) == 4 * kGroups,
+              std::to_string(endpoints(stats)) + " endpoints, expected 8 (2 lanes each way)");
+    });
   };
-  const StarOutcome outcome = run_star(hub, peer_exchanges, kPeers);
-  INFO(outcome.hub);
-  CHECK(outcome.hub.empty());
-  for (const std::string& peer : outcome.peers) CHECK(peer.empty());
+  check_everyone_done(run_star(hub, peer_exchanges, kPeers));
 }
 
 // Peer 0 dies while its 64 MiB message to the hub is being written, with the hub's to it
