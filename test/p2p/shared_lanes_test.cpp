@@ -250,19 +250,31 @@ TEST_CASE("p2p shared lanes: with 2 groups the hub's 4 peers spread over 2 lanes
 // Peer 0 dies while its 64 MiB message to the hub is being written, with the hub's to it
 // waiting for a receive; peers 1 and 2 exchange messages with
 // the hub in rounds meanwhile, and must neither fail nor stall until the death is detected.
+// With 2 groups peer 2 shares peer 0's lanes and peer 1 has its own.
 TEST_CASE("p2p shared lanes: a peer killed mid-transfer fails only its own requests",
           "[shared-lanes]") {
   constexpr std::size_t kPeers = 3;
   constexpr std::size_t kHuge = std::size_t{64} << 20;
   constexpr std::size_t kRounds = 30;
+  const unsigned groups = GENERATE(1u, 2u);
+  INFO("LOOM_NGROUPS " << groups);
   const auto hub = [&](std::span<Channel> channels) {
     std::vector<Transfer> doomed(2);
     fill(doomed[1], kHuge, seed_of(0, false, 0));
-    Context context(hub_config());
+    Config config = hub_config();
+    config.ngroups = groups;
+    Context context(config);
     Listener listener = context.listen();
     std::vector<Transfer> round;
     std::vector<HubLink> links;
     for (Channel& channel : channels) links.push_back(link_peer(context, listener, channel));
+    for (const bool send : {true, false}) {
+      auto lane = [&](std::size_t p) {
+        return send ? links[p].out->stats().lane_id : links[p].in->stats().lane_id;
+      };
+      require(lane(2) == lane(0) && (lane(1) == lane(0)) == (groups == 1),
+              "peers' lanes not as LOOM_NGROUPS places them");
+    }
     start_together(channels);
     // Peer 0 dies while its message is being written; it never posts a receive for ours.
     post_receive(doomed[0], *links[0].in, kHuge, seed_of(0, true, 0));
