@@ -48,6 +48,9 @@ struct Profile {
   // Removes what a process of this provider that ended without closing its endpoints (killed)
   // left on the host for later processes to trip over; how many objects it removed.
   std::size_t (*remove_leftovers)(int pid) = nullptr;
+  // Removes what an earlier process with this process's own pid left that would stop this one
+  // opening endpoints; how many objects it removed. Never touches what this process made.
+  std::size_t (*remove_own_stale)() = nullptr;
   // Whether control messages should ride inside data messages going the other way
   // (mux/carried_control.hpp; LOOM_CARRY_CONTROL=1). Off where a message of its own costs less
   // than the carrier's bookkeeping, which lies on the round trip's path while a message of its
@@ -88,6 +91,10 @@ struct Profile {
 // Every family's remove_leftovers for `pid`, once no process `pid` exists: a running process's
 // (an unreaped child's too) are never touched. How many objects were removed.
 std::size_t remove_leftovers_of(int pid) noexcept;
+
+// Every family's remove_own_stale: what a killed earlier holder of this process's pid left
+// (remove_leftovers_of cannot reach it: the pid is ours, alive). How many objects were removed.
+std::size_t remove_own_stale_leftovers() noexcept;
 
 // The recommended settings of the provider families that `requested` names (LOOM_PROVIDER,
 // else FI_PROVIDER; "verbs;ofi_rxm", "efa,shm", ...), or of every family when it names none:

@@ -45,6 +45,13 @@ std::size_t remove_leftovers_of(int pid) noexcept {
   return removed;
 }
 
+std::size_t remove_own_stale_leftovers() noexcept {
+  std::size_t removed = 0;
+  for (const Profile* profile : kProfiles)
+    if (profile->remove_own_stale != nullptr) removed += profile->remove_own_stale();
+  return removed;
+}
+
 std::vector<ProviderSetting> settings_for(std::string_view requested) {
   const auto named = [requested](const Profile& profile) {
     std::string_view rest = requested;

@@ -8,6 +8,7 @@
 
 #include <netinet/in.h>
 #include <rdma/fabric.h>
+#include <unistd.h>
 
 #include "loom/error.hpp"
 #include "loom_build_config.h"
@@ -302,6 +303,11 @@ std::string device_memory_refusal(const fi_info* all, std::string_view provider,
 std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
   config.validate();
   report_missing_settings(config);
+  if (const std::size_t removed = providers::remove_own_stale_leftovers(); removed != 0)
+    util::log().warn(
+        "removed {} provider object(s) that a killed earlier process with this "
+        "pid ({}) left on the host: they would stop endpoints opening",
+        removed, ::getpid());
   InfoPtr hints = make_hints(config, false);
   fi_info* list = nullptr;
   long rc = fi_getinfo(api_version(), nullptr, nullptr, 0, hints.get(), &list);

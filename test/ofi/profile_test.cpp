@@ -1,5 +1,6 @@
 // Provider profiles: which settings loom recommends for which families, that loom leaves the
-// environment alone, and what a killed process leaves behind.
+// environment alone, and what a killed process leaves behind (for other processes, and for a
+// later one given its pid).
 #include "providers/profile.hpp"
 
 #include <algorithm>
@@ -13,10 +14,14 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "ofi/nic.hpp"
+#include "ofi/rail_set.hpp"
 #include "ofi/selection.hpp"
 #include "util/env.hpp"
 
@@ -171,4 +176,90 @@ TEST_CASE("provider leftovers: a dead process's shm regions go, a running one's 
   std::filesystem::remove(other);
   CHECK(remove_leftovers_of(0) == 0);
   CHECK(remove_leftovers_of(-1) == 0);
+}
+
+namespace {
+
+// A file named as one of shm's regions for this process, made an hour before it started: as
+// an earlier process with the same pid, killed, leaves them. Empty path if the name is taken.
+std::filesystem::path stale_region(const std::string& name) {
+  const std::string path = "/dev/shm/" + std::to_string(::getpid()) + ":" + name;
+  const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd < 0) return {};
+  const bool written = ::write(fd, "region", 6) == 6;
+  const timespec an_hour_ago[2] = {{::time(nullptr) - 3600, 0}, {::time(nullptr) - 3600, 0}};
+  const bool dated = ::futimens(fd, an_hour_ago) == 0;
+  ::close(fd);
+  REQUIRE(written);
+  REQUIRE(dated);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("provider leftovers: an earlier holder of our pid's shm regions go, ours stay",
+          "[profile]") {
+  if (!std::filesystem::is_directory("/dev/shm")) {
+    SUCCEED("no /dev/shm");
+    return;
+  }
+  const auto stale = stale_region("loom-test-stale");
+  REQUIRE_FALSE(stale.empty());
+  // Made after this process started: ours (a region being made is not mapped yet).
+  const auto fresh = fake_region(::getpid(), "loom-test-fresh");
+  // Old but mapped by this process: ours, whatever its time says.
+  const auto mapped_path = stale_region("loom-test-mapped");
+  REQUIRE_FALSE(mapped_path.empty());
+  const int fd = ::open(mapped_path.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  void* mapped = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  REQUIRE(mapped != MAP_FAILED);
+
+  CHECK(loom::providers::remove_own_stale_leftovers() == 1);
+  CHECK_FALSE(std::filesystem::exists(stale));
+  CHECK(std::filesystem::exists(fresh));
+  CHECK(std::filesystem::exists(mapped_path));
+  ::munmap(mapped, 4096);
+  std::filesystem::remove(fresh);
+  std::filesystem::remove(mapped_path);
+}
+
+// shm 1.17 names an endpoint's region <pid>:<uid>:<index of the endpoint in the process> and
+// refuses to make one over a file whose recorded owner lives, and the owner it reads for a
+// region our pid's earlier holder left is us. Opening NICs removes them first.
+// Its own meson test, with shm's environment.
+TEST_CASE("provider leftovers: shm endpoints open over regions an earlier holder of our pid left",
+          "[shm-leftovers]") {
+  if (!std::filesystem::is_directory("/dev/shm")) {
+    SUCCEED("no /dev/shm");
+    return;
+  }
+  // Every index this process's next endpoints could take (names already taken are live ones).
+  struct Planted {
+    std::vector<std::filesystem::path> paths;
+    ~Planted() {
+      for (const auto& path : paths) std::filesystem::remove(path);
+    }
+  } planted;
+  for (int index = 0; index < 128; ++index) {
+    auto path = stale_region(std::to_string(::getuid()) + ":" + std::to_string(index));
+    if (!path.empty()) planted.paths.push_back(std::move(path));
+  }
+  REQUIRE(planted.paths.size() > 64);
+  {
+    loom::Config config;
+    config.provider = "shm";
+    std::vector<std::unique_ptr<loom::ofi::Nic>> nics;
+    REQUIRE_NOTHROW(nics = loom::ofi::open_nics(config));
+    REQUIRE_FALSE(nics.empty());
+    std::vector<loom::ofi::Nic*> pointers{nics.front().get()};
+    std::unique_ptr<loom::ofi::RailSet> rails;
+    REQUIRE_NOTHROW(rails = std::make_unique<loom::ofi::RailSet>(
+                        pointers, loom::ofi::RailSetShape{.data_rails = 1, .control_rails = 1}));
+    for (const auto& path : planted.paths) {
+      // Gone, or remade by shm as a live region of this process.
+      if (std::filesystem::exists(path)) CHECK(std::filesystem::file_size(path) != 6);
+    }
+  }
 }
