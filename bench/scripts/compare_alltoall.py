@@ -4,6 +4,10 @@
 prints each tool's aggregate MB/sec per repetition, the medians and their ratio, and the median
 of each repetition's own ratio ("paired").
 
+Where the host has fewer cores than N, it also runs N/2 fi_p2p_bw --bidir pairs at once (as
+many processes as the all-to-all has ranks, sharing the cores alike) and prints their sum and
+the all-to-all's ratio to it: what oversubscription alone costs, beside what loom costs.
+
   bench/scripts/compare_alltoall.py [--build build] [--provider shm] [--ranks 4] [--size 1m]
                                     [--depth 64] [--groups G] [--env VAR=VALUE ...] [--reps 5]
 
@@ -47,6 +51,25 @@ def p2p_bw(args, env, path):
         return json.load(f)["results"][0]["mb_per_sec"]
 
 
+def p2p_bw_pairs(args, env, path):
+    """N/2 fi_p2p_bw --bidir pairs started together: the sum of their rates."""
+    tool = os.path.join(args.build, "bench", "p2p_bw", "fi_p2p_bw")
+    paths = [f"{path}.{i}" for i in range(args.ranks // 2)]
+    runs = [subprocess.Popen([tool, "--loopback", "--bidir", "-S", args.size, "-I",
+                              str(args.iterations), "--no-pingpong", "--json", p], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for p in paths]
+    total = 0.0
+    for run, p in zip(runs, paths):
+        out, _ = run.communicate(timeout=1200)
+        if run.returncode != 0:
+            print(out[-4000:])
+            raise subprocess.CalledProcessError(run.returncode, run.args)
+        with open(p) as f:
+            total += json.load(f)["results"][0]["mb_per_sec"]
+    return total
+
+
 def alltoall(args, env, path):
     tool = os.path.join(args.build, "bench", "p2p_alltoall", "fi_p2p_alltoall")
     # Each iteration moves N - 1 messages each way per rank.
@@ -78,25 +101,44 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     env = provider_env(args.provider)
-    rates = {"alltoall": [], "p2p_bw": []}
+    cores = os.cpu_count() or 1
+    tools = [("alltoall", alltoall), ("p2p_bw", p2p_bw)]
+    if cores < args.ranks and args.ranks >= 4:
+        tools.append(("pairs", p2p_bw_pairs))
+    print(f"# {cores} cores, {args.ranks} ranks"
+          + (f": also {args.ranks // 2} fi_p2p_bw --bidir pairs at once" if len(tools) > 2 else ""),
+          flush=True)
+    rates = {name: [] for name, _ in tools}
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "run.json")
         for rep in range(args.reps):
-            order = [("alltoall", alltoall), ("p2p_bw", p2p_bw)]
-            if rep % 2:
-                order.reverse()
+            # Each tool goes first in turn.
+            order = tools[rep % len(tools):] + tools[:rep % len(tools)]
             for name, run in order:
                 rates[name].append(run(args, env, path))
-            print(f"rep {rep + 1}: alltoall {rates['alltoall'][-1]:.0f} MB/sec, fi_p2p_bw --bidir "
-                  f"{rates['p2p_bw'][-1]:.0f} MB/sec, ratio "
-                  f"{rates['alltoall'][-1] / rates['p2p_bw'][-1]:.2f}", flush=True)
-    a, b = statistics.median(rates["alltoall"]), statistics.median(rates["p2p_bw"])
-    paired = statistics.median(x / y for x, y in zip(rates["alltoall"], rates["p2p_bw"]))
+            line = (f"rep {rep + 1}: alltoall {rates['alltoall'][-1]:.0f} MB/sec, fi_p2p_bw --bidir "
+                    f"{rates['p2p_bw'][-1]:.0f} MB/sec, ratio "
+                    f"{rates['alltoall'][-1] / rates['p2p_bw'][-1]:.2f}")
+            if "pairs" in rates:
+                line += (f"; {args.ranks // 2} pairs at once {rates['pairs'][-1]:.0f} MB/sec, ratio "
+                         f"{rates['alltoall'][-1] / rates['pairs'][-1]:.2f}")
+            print(line, flush=True)
+
+    def ratio(base):
+        a, b = statistics.median(rates["alltoall"]), statistics.median(rates[base])
+        paired = statistics.median(x / y for x, y in zip(rates["alltoall"], rates[base]))
+        return a, b, f"ratio {a / b:.2f}, paired {paired:.2f}"
+
     what = " ".join([f"--depth {args.depth}"] +
                     ([f"--groups {args.groups}"] if args.groups is not None else []) + args.env)
-    print(f"{args.provider}, {args.size}, {args.ranks} ranks{', ' + what if what else ''}: alltoall {a:.0f} MB/sec, "
-          f"fi_p2p_bw --bidir {b:.0f} MB/sec (medians of {args.reps}); ratio {a / b:.2f}, "
-          f"paired {paired:.2f}")
+    a, b, text = ratio("p2p_bw")
+    print(f"{args.provider}, {args.size}, {args.ranks} ranks{', ' + what if what else ''}: "
+          f"alltoall {a:.0f} MB/sec, fi_p2p_bw --bidir {b:.0f} MB/sec (medians of {args.reps}); "
+          f"{text}")
+    if "pairs" in rates:
+        _, c, text = ratio("pairs")
+        print(f"  against {args.ranks // 2} fi_p2p_bw --bidir pairs at once ({args.ranks} processes "
+              f"on {cores} cores): {c:.0f} MB/sec; {text}")
 
 
 if __name__ == "__main__":
