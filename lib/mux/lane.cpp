@@ -7,6 +7,7 @@
 #include "loom/error.hpp"
 #include "ofi/nic.hpp"
 #include "util/log.hpp"
+#include "util/step_trace.hpp"
 
 namespace loom::mux {
 namespace {
@@ -271,6 +272,7 @@ void Lane::dispatch_inbox() {
     const std::span<const std::byte> message = rest.first(length);
     rest = rest.subspan(length);
     if (const auto header = decode_control_header(message)) {
+      util::record_step(util::Step::kControlIn);
       ++stats_.carried_control;
       on_control(*header, message.subspan(kControlHeaderBytes));
     }

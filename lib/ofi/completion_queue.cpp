@@ -10,6 +10,7 @@
 #include "ofi/nic.hpp"
 #include "providers/profile.hpp"
 #include "util/log.hpp"
+#include "util/step_trace.hpp"
 
 namespace loom::ofi {
 namespace {
@@ -77,6 +78,7 @@ std::size_t CompletionQueue::progress() {
     }
     return 0;
   }
+  util::record_step(util::Step::kCqEntries);
   for (long i = 0; i < count; ++i) {
     const fi_cq_tagged_entry& entry = entries[i];
     auto* op = static_cast<OpContext*>(entry.op_context);

@@ -13,6 +13,7 @@
 #include "ofi/nic.hpp"
 #include "ofi/rail.hpp"
 #include "util/log.hpp"
+#include "util/step_trace.hpp"
 
 namespace loom::ofi {
 
@@ -29,6 +30,7 @@ Status Rail::post_failed(const char* call, long rc) {
 }
 
 Status Rail::send(Address peer, const void* buffer, std::size_t length, void* desc, OpContext* op) {
+  const util::StepSpan step(util::Step::kSendBegin, util::Step::kSendEnd);
   long rc = fi_send(endpoint_.get(), buffer, length, desc, peer, op);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_send", rc);
@@ -37,6 +39,7 @@ Status Rail::send(Address peer, const void* buffer, std::size_t length, void* de
 }
 
 Status Rail::inject(Address peer, const void* buffer, std::size_t length) {
+  const util::StepSpan step(util::Step::kSendBegin, util::Step::kSendEnd);
   long rc = fi_inject(endpoint_.get(), buffer, length, peer);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_inject", rc);
@@ -45,6 +48,7 @@ Status Rail::inject(Address peer, const void* buffer, std::size_t length) {
 }
 
 Status Rail::recv(void* buffer, std::size_t length, void* desc, OpContext* op) {
+  const util::StepSpan step(util::Step::kRecvPostBegin, util::Step::kRecvPostEnd);
   long rc = fi_recv(endpoint_.get(), buffer, length, desc, FI_ADDR_UNSPEC, op);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_recv", rc);
@@ -53,6 +57,7 @@ Status Rail::recv(void* buffer, std::size_t length, void* desc, OpContext* op) {
 
 Status Rail::tagged_send(Address peer, const void* buffer, std::size_t length, void* desc,
                          std::uint64_t tag, std::uint32_t data, OpContext* op) {
+  const util::StepSpan step(util::Step::kSendBegin, util::Step::kSendEnd);
   long rc = fi_tsenddata(endpoint_.get(), buffer, length, desc, data, peer, tag, op);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_tsenddata", rc);
@@ -62,6 +67,7 @@ Status Rail::tagged_send(Address peer, const void* buffer, std::size_t length, v
 
 Status Rail::tagged_inject(Address peer, const void* buffer, std::size_t length, std::uint64_t tag,
                            std::uint32_t data) {
+  const util::StepSpan step(util::Step::kSendBegin, util::Step::kSendEnd);
   long rc = fi_tinjectdata(endpoint_.get(), buffer, length, data, peer, tag);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_tinjectdata", rc);
@@ -71,6 +77,7 @@ Status Rail::tagged_inject(Address peer, const void* buffer, std::size_t length,
 
 Status Rail::tagged_recv(void* buffer, std::size_t length, void* desc, std::uint64_t tag,
                          std::uint64_t ignore, OpContext* op) {
+  const util::StepSpan step(util::Step::kRecvPostBegin, util::Step::kRecvPostEnd);
   long rc = fi_trecv(endpoint_.get(), buffer, length, desc, FI_ADDR_UNSPEC, tag, ignore, op);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_trecv", rc);
@@ -80,6 +87,7 @@ Status Rail::tagged_recv(void* buffer, std::size_t length, void* desc, std::uint
 Status Rail::write(Address peer, const void* buffer, std::size_t length, void* desc,
                    std::uint64_t remote_address, std::uint64_t key, std::uint32_t data,
                    OpContext* op) {
+  const util::StepSpan step(util::Step::kWriteBegin, util::Step::kWriteEnd);
   long rc =
       fi_writedata(endpoint_.get(), buffer, length, desc, data, peer, remote_address, key, op);
   if (rc != 0) [[unlikely]]
@@ -90,6 +98,7 @@ Status Rail::write(Address peer, const void* buffer, std::size_t length, void* d
 
 Status Rail::write(Address peer, const void* buffer, std::size_t length, void* desc,
                    std::uint64_t remote_address, std::uint64_t key, OpContext* op) {
+  const util::StepSpan step(util::Step::kWriteBegin, util::Step::kWriteEnd);
   long rc = fi_write(endpoint_.get(), buffer, length, desc, peer, remote_address, key, op);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_write", rc);
@@ -121,6 +130,7 @@ Status Rail::write(Address peer, const void* buffer, std::size_t length, void* d
   const std::uint64_t flags = FI_COMPLETION | (how.more ? FI_MORE : 0) |
                               (how.delivery_complete ? FI_DELIVERY_COMPLETE : 0) |
                               (how.remote_cq_data ? FI_REMOTE_CQ_DATA : 0);
+  const util::StepSpan step(util::Step::kWriteBegin, util::Step::kWriteEnd);
   long rc = fi_writemsg(endpoint_.get(), &msg, flags);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_writemsg", rc);
@@ -133,6 +143,7 @@ Status Rail::read(Address peer, void* buffer, std::size_t length, void* desc,
   iovec iov{buffer, length};
   fi_rma_iov remote{remote_address, length, key};
   const fi_msg_rma msg = one_block(iov, remote, desc, peer, op, 0);
+  const util::StepSpan step(util::Step::kWriteBegin, util::Step::kWriteEnd);
   long rc = fi_readmsg(endpoint_.get(), &msg, FI_COMPLETION | (how.more ? FI_MORE : 0));
   if (rc != 0) [[unlikely]]
     return post_failed("fi_readmsg", rc);
@@ -142,6 +153,7 @@ Status Rail::read(Address peer, void* buffer, std::size_t length, void* desc,
 
 Status Rail::inject_write(Address peer, const void* buffer, std::size_t length,
                           std::uint64_t remote_address, std::uint64_t key, std::uint32_t data) {
+  const util::StepSpan step(util::Step::kWriteBegin, util::Step::kWriteEnd);
   long rc = fi_inject_writedata(endpoint_.get(), buffer, length, data, peer, remote_address, key);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_inject_writedata", rc);
@@ -151,6 +163,7 @@ Status Rail::inject_write(Address peer, const void* buffer, std::size_t length,
 
 Status Rail::read(Address peer, void* buffer, std::size_t length, void* desc,
                   std::uint64_t remote_address, std::uint64_t key, OpContext* op) {
+  const util::StepSpan step(util::Step::kWriteBegin, util::Step::kWriteEnd);
   long rc = fi_read(endpoint_.get(), buffer, length, desc, peer, remote_address, key, op);
   if (rc != 0) [[unlikely]]
     return post_failed("fi_read", rc);

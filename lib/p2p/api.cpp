@@ -9,6 +9,7 @@
 #include "p2p/handshake.hpp"
 #include "p2p/recv_comm.hpp"
 #include "p2p/send_comm.hpp"
+#include "util/step_trace.hpp"
 
 namespace loom {
 
@@ -93,6 +94,7 @@ SendComm::SendComm(CommKey /*key*/, std::shared_ptr<p2p::ContextCore> context,
 
 Posted SendComm::isend(const void* data, std::size_t size, Tag tag, MemoryRegion region) {
   if (!comm_) return {Status::kInvalid, {}};
+  const util::StepSpan step(util::Step::kIsendBegin, util::Step::kIsendEnd);
   p2p::Request* request = nullptr;
   const Status status =
       static_cast<p2p::SendCommImpl&>(*comm_).isend(data, size, tag, region, request);
@@ -105,6 +107,7 @@ RecvComm::RecvComm(CommKey /*key*/, std::shared_ptr<p2p::ContextCore> context,
 
 Posted RecvComm::irecv(std::span<const RecvBuffer> buffers) {
   if (!comm_) return {Status::kInvalid, {}};
+  const util::StepSpan step(util::Step::kIrecvBegin, util::Step::kIrecvEnd);
   p2p::Request* request = nullptr;
   const Status status = static_cast<p2p::RecvCommImpl&>(*comm_).irecv(buffers, request);
   return posted(*comm_, status, request);

@@ -8,6 +8,7 @@
 #include "ofi/nic.hpp"
 #include "p2p/context_core.hpp"
 #include "util/log.hpp"
+#include "util/step_trace.hpp"
 
 namespace loom::p2p {
 namespace {
@@ -416,6 +417,7 @@ Request* Comm::refuse_handle(const loom::Request& handle, const char* operation)
 
 Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled) {
   Request* request = &r;
+  util::record_step(util::Step::kTestBegin);
   std::unique_lock lock(lane_->lock());
   // An earlier CQ read may already have finished it: only poll (a system call on some
   // providers) for requests still pending.
@@ -438,6 +440,7 @@ Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled
     }
     return Status::kInProgress;
   }
+  util::record_step(util::Step::kTestFinished);
   for (std::size_t i = 0; i < sizes.size() && i < request->part_count; ++i) {
     sizes[i] = request->parts[i].delivered;
   }
