@@ -13,8 +13,6 @@
 namespace loom::bench {
 namespace {
 
-constexpr Tag kHelloTag = 0x48454C4F;  // "HELO": a send communicator's first message
-
 // A handle as every rank ships it: its length, then its bytes.
 constexpr std::size_t kHandleRecord = sizeof(std::uint32_t) + kMaxHandleBytes;
 
@@ -118,21 +116,24 @@ void Mesh::connect(bool two_sided, bool one_sided) {
   std::vector<bool> polled(peers, false), rma_polled(peers, false);
   std::vector<Spent> cost(peers);  // by peer: connect, first poll, the poll that returned
   std::vector<Spent> accept_cost;  // by accepted connection: the accept that returned it
-  std::vector<std::unique_ptr<RecvComm>> accepted;
+  std::size_t accepted = 0;
   const std::size_t kinds = (two_sided ? 1 : 0) + (one_sided ? 1 : 0);
   const std::size_t want = kinds * (peers - 1) * 2;
   std::size_t have = 0;
 
   world_.barrier();
   const auto start = Clock::now();
-  // Each rank starts with the next one up: the first connects spread over the ranks.
+  // Each rank starts with the next one up: the first connects spread over the ranks. Each
+  // connect is labelled with this rank: its peer files what it accepts under it.
+  const auto label = static_cast<std::uint64_t>(me);
   for (int d = 1; d < n; ++d) {
     const auto p = static_cast<std::size_t>((me + d) % n);
-    if (two_sided)
-      timed(cost[p], [&] { return &connectors[p].emplace(context_->connect(handles_[p])); });
+    if (two_sided) {
+      timed(cost[p], [&] { return &connectors[p].emplace(context_->connect(handles_[p], label)); });
+    }
     if (one_sided) {
       timed(cost[p],
-            [&] { return &rma_connectors[p].emplace(context_->connect_rma(handles_[p])); });
+            [&] { return &rma_connectors[p].emplace(context_->connect_rma(handles_[p], label)); });
     }
   }
   Pacer pacer(yield_, std::chrono::seconds(options_.timeout_s), "setup: connecting to every rank");
@@ -165,12 +166,18 @@ void Mesh::connect(bool two_sided, bool one_sided) {
         }
       }
     }
-    while (two_sided && accepted.size() < peers - 1) {
+    while (two_sided && accepted < peers - 1) {
       Spent spent;
       auto comm = timed(spent, [&] { return listener_->accept(); });
       if (!comm) break;
+      const std::uint64_t peer = comm->label();
+      if (peer >= peers || peer == label || recv_[peer]) {
+        throw std::runtime_error("setup: a connect labelled " + std::to_string(peer) +
+                                 ", not a peer rank without a receive communicator");
+      }
       accept_cost.push_back(spent);
-      accepted.push_back(std::move(comm));
+      recv_[peer] = std::move(comm);
+      ++accepted;
       ++have;
       progressed = true;
     }
@@ -186,7 +193,6 @@ void Mesh::connect(bool two_sided, bool one_sided) {
     pacer.missing(want - have);
     pacer.pass(progressed);
   }
-  if (two_sided) identify_receivers(accepted);
   setup_.wall_ms = micros_between(start, Clock::now()) / 1000;
 
   Spent total;
@@ -207,62 +213,6 @@ void Mesh::connect(bool two_sided, bool one_sided) {
   setup_.first_peer_cpu_us = cpu.first;
   setup_.per_peer_cpu_us = cpu.median;
   setup_.per_peer_cpu_mean_us = cpu.mean;
-}
-
-// Each send communicator's first message is its rank's number; each receive communicator
-// takes one, and so is filed under the peer that connected it.
-void Mesh::identify_receivers(std::vector<std::unique_ptr<RecvComm>>& accepted) {
-  const auto peers = static_cast<std::size_t>(size());
-  const std::uint32_t& mine = hello_rank_ = static_cast<std::uint32_t>(rank());
-  std::vector<std::uint32_t>& ranks = hello_ranks_;
-  ranks.assign(peers - 1, 0xFFFFFFFF);
-  hello_out_ = context_->register_memory(&hello_rank_, sizeof hello_rank_);
-  hello_in_ = context_->register_memory(ranks.data(), ranks.size() * sizeof(std::uint32_t));
-  const MemoryRegion& out = hello_out_;
-  const MemoryRegion& in = hello_in_;
-  struct Pending {
-    Communicator* comm;
-    Request request;
-  };
-  std::vector<Pending> pending;
-  for (std::size_t k = 0; k < accepted.size(); ++k) {
-    const RecvBuffer buffer{&ranks[k], sizeof(std::uint32_t), kHelloTag, in};
-    auto [status, request] = accepted[k]->irecv({&buffer, 1});
-    if (status != Status::kOk)
-      throw std::runtime_error("hello irecv: " + accepted[k]->last_error());
-    pending.push_back({accepted[k].get(), request});
-  }
-  for (auto& comm : send_) {
-    if (!comm) continue;
-    auto [status, request] = comm->isend(&mine, sizeof mine, kHelloTag, out);
-    if (status != Status::kOk) throw std::runtime_error("hello isend: " + comm->last_error());
-    pending.push_back({comm.get(), request});
-  }
-  Pacer pacer(yield_, std::chrono::seconds(options_.timeout_s),
-              "setup: the first message on every communicator");
-  std::size_t left = pending.size();
-  while (left > 0) {
-    bool progressed = false;
-    for (Pending& p : pending) {
-      if (!p.request.valid()) continue;
-      const Status status = p.comm->test(p.request);
-      if (status == Status::kInProgress) continue;
-      if (status != Status::kOk) throw std::runtime_error("hello: " + p.comm->last_error());
-      p.request = Request{};
-      --left;
-      progressed = true;
-    }
-    pacer.missing(left);
-    pacer.pass(progressed);
-  }
-  for (std::size_t k = 0; k < accepted.size(); ++k) {
-    const std::uint32_t peer = ranks[k];
-    if (peer >= peers || peer == mine || recv_[peer]) {
-      throw std::runtime_error("hello: receive communicator " + std::to_string(k) + " names rank " +
-                               std::to_string(peer) + ", not a peer without one");
-    }
-    recv_[peer] = std::move(accepted[k]);
-  }
 }
 
 std::vector<std::vector<RemoteRegion>> Mesh::exchange_regions(
@@ -367,8 +317,6 @@ void Mesh::close() {
   recv_.clear();
   initiators_.clear();
   targets_.clear();
-  hello_out_.reset();
-  hello_in_.reset();
   setup_.close_ms = micros_between(start, Clock::now()) / 1000;
 }
 

@@ -86,21 +86,11 @@ class Mesh {
   [[nodiscard]] std::vector<std::unique_ptr<RmaTarget>>& targets() { return targets_; }
 
  private:
-  void identify_receivers(std::vector<std::unique_ptr<RecvComm>>& accepted);
-
   const AlltoallOptions& options_;
   const World& world_;
   bool yield_;
   std::unique_ptr<Context> context_;
   std::optional<Listener> listener_;
-  // The first messages' buffers and their regions, kept until the connections closed: a
-  // context region deregistered while one-sided targets share its lane waits for their
-  // initiators to confirm, and a peer doing the same at that moment answers only once its
-  // own wait gave up (LOOM_PEER_TIMEOUT_MS; see the README's fi_p2p_alltoall notes).
-  std::uint32_t hello_rank_ = 0;
-  std::vector<std::uint32_t> hello_ranks_;
-  Region hello_out_;
-  Region hello_in_;
   std::vector<Handle> handles_;  // by rank
   // By peer rank (this rank's slot empty).
   std::vector<std::unique_ptr<SendComm>> send_;

@@ -181,6 +181,10 @@ class Communicator {
 
   [[nodiscard]] const std::string& last_error() const noexcept;
   [[nodiscard]] CommStats stats() const;
+  // The label the connecting side passed to Context::connect (0 if it passed none), the same
+  // on both communicators of the pair: accept() hands out connections in the order they came,
+  // and this tells the accepting side which peer (which rank, say) each one is. 0 once closed.
+  [[nodiscard]] std::uint64_t label() const noexcept;
 
  protected:
   Communicator(std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
@@ -367,10 +371,12 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   Listener listen();
-  Connector connect(const Handle& handle);
+  // `label` travels with the connect and is what both communicators' label() give (a rank, say):
+  // the listener's side learns from it who connected.
+  Connector connect(const Handle& handle, std::uint64_t label = 0);
   // A one-sided connection (loom/rma.hpp) to the listener's context, which takes it with
-  // Listener::accept_rma.
-  RmaConnector connect_rma(const Handle& handle);
+  // Listener::accept_rma; `label` as for connect (RmaInitiator::label, RmaTarget::label).
+  RmaConnector connect_rma(const Handle& handle, std::uint64_t label = 0);
 
   // Registers memory once for every communicator of this context, those open now and those
   // made later: the region is taken wherever a MemoryRegion is (isend, RecvBuffer, iflush) on

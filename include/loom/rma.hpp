@@ -135,6 +135,8 @@ class RmaInitiator {
   void close();
   [[nodiscard]] const std::string& last_error() const noexcept;
   [[nodiscard]] RmaStats stats() const;
+  // The label given to Context::connect_rma (0 if none; 0 once closed), as Communicator::label.
+  [[nodiscard]] std::uint64_t label() const noexcept;
 
  private:
   std::shared_ptr<p2p::ContextCore> context_;
@@ -162,6 +164,8 @@ class RmaTarget {
   void close();
   [[nodiscard]] const std::string& last_error() const noexcept;
   [[nodiscard]] RmaStats stats() const;
+  // The label the initiator's side gave Context::connect_rma: which peer this connection is.
+  [[nodiscard]] std::uint64_t label() const noexcept;
 
  private:
   std::shared_ptr<p2p::ContextCore> context_;

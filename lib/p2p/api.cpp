@@ -80,6 +80,10 @@ CommStats Communicator::stats() const {
   return comm_ ? comm_->stats() : CommStats{};
 }
 
+std::uint64_t Communicator::label() const noexcept {
+  return comm_ ? comm_->label() : 0;
+}
+
 namespace {
 // What a post gives the user: the handle of `request` where `status` is kOk. A function of this
 // file, not an exported member, so that the posts inline it.
@@ -164,9 +168,9 @@ Listener Context::listen() {
   return Listener(std::make_shared<p2p::ListenerState>(core_));
 }
 
-Connector Context::connect(const Handle& handle) {
+Connector Context::connect(const Handle& handle, std::uint64_t label) {
   return Connector(
-      std::make_shared<p2p::ConnectorState>(core_, handle, p2p::ConnectionKind::kTwoSided));
+      std::make_shared<p2p::ConnectorState>(core_, handle, p2p::ConnectionKind::kTwoSided, label));
 }
 
 Region Context::register_memory(const void* data, std::size_t size, MemoryType type, int device) {

@@ -102,6 +102,9 @@ class Comm : public mux::CommPort {
               std::chrono::milliseconds timeout);
   [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
   [[nodiscard]] CommStats stats() const;
+  // What the connecting side passed to connect (0: nothing), the same at both ends.
+  [[nodiscard]] std::uint64_t label() const noexcept { return label_; }
+  void set_label(std::uint64_t label) noexcept { label_ = label; }
 
   // Cancels what is pending, tells the peer, and leaves the lane; `self` is destroyed, or kept
   // by the lane until its endpoints close if the provider still holds operations of it.
@@ -288,6 +291,7 @@ class Comm : public mux::CommPort {
   mux::Lane* lane_;
   mux::Direction direction_;
   std::uint64_t peer_context_;
+  std::uint64_t label_ = 0;
   // Unique in the process: what the user's request and region handles must carry. A region
   // that carries the context's id instead is one of the context's (regions_).
   std::uint64_t serial_;

@@ -160,6 +160,7 @@ std::unique_ptr<Comm> ListenerState::accept_kind(ConnectionKind kind) {
                ? make_comm<RecvCommImpl>(*core_, lane, message.context)
                : make_comm<RmaTargetImpl>(*core_, lane, message.context);
     comm->connect_peer(message.lane);
+    comm->set_label(message.label);
     AcceptMessage accept{
         .connect_id = message.connect_id, .context = core_->id(), .lane = comm->local_addresses()};
     std::byte body[kHandshakeBytes];
@@ -178,9 +179,10 @@ std::unique_ptr<Comm> ListenerState::accept_kind(ConnectionKind kind) {
 // ---- connector ----
 
 ConnectorState::ConnectorState(std::shared_ptr<ContextCore> core, const Handle& handle,
-                               ConnectionKind kind)
+                               ConnectionKind kind, std::uint64_t label)
     : core_(std::move(core)),
       kind_(kind),
+      label_(label),
       deadline_(std::chrono::steady_clock::now() +
                 std::chrono::milliseconds(core_->config().connect_timeout_ms)) {
   if (const char* why = decode_handle(handle.view(), target_)) {
@@ -230,6 +232,7 @@ std::unique_ptr<Comm> ConnectorState::poll_comm() {
       comm_ = kind_ == ConnectionKind::kTwoSided
                   ? make_comm<SendCommImpl>(*core_, lane, target_.context)
                   : make_comm<RmaInitiatorImpl>(*core_, lane, target_.context);
+      comm_->set_label(label_);
       const std::span<const std::byte> listener = target_.addresses[route_.address];
       // The answer comes back to the bootstrap rail the connect leaves from.
       auto reply_to = bootstrap.address(bootstrap.rail_for(listener));
@@ -238,6 +241,7 @@ std::unique_ptr<Comm> ConnectorState::poll_comm() {
                              .context = core_->id(),
                              .connect_id = id_,
                              .kind = kind_,
+                             .label = label_,
                              .reply_to = {reply_to.begin(), reply_to.end()},
                              .lane = comm_->local_addresses()};
       std::byte body[kHandshakeBytes];

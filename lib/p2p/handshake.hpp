@@ -58,7 +58,8 @@ class ListenerState {
 
 class ConnectorState {
  public:
-  ConnectorState(std::shared_ptr<ContextCore> core, const Handle& handle, ConnectionKind kind);
+  ConnectorState(std::shared_ptr<ContextCore> core, const Handle& handle, ConnectionKind kind,
+                 std::uint64_t label);
   ~ConnectorState();
 
   // The connection once accepted: poll() for a two-sided connector, poll_rma() for a one-sided.
@@ -89,6 +90,7 @@ class ConnectorState {
 
   std::shared_ptr<ContextCore> core_;
   ConnectionKind kind_;
+  std::uint64_t label_;
   HandleData target_;
   Route route_;
   std::uint32_t id_ = 0;

@@ -143,6 +143,7 @@ std::size_t encode_connect(const ConnectMessage& m, std::span<std::byte> out) {
   w.u64(m.context);
   w.u32(m.connect_id);
   w.u8(static_cast<std::uint8_t>(m.kind));
+  w.u64(m.label);
   put_address(w, m.reply_to);
   put_lane(w, m.lane);
   return finish(w);
@@ -157,6 +158,7 @@ const char* decode_connect(std::span<const std::byte> in, ConnectMessage& out) {
   out.context = r.u64();
   out.connect_id = r.u32();
   const std::uint8_t kind = r.u8();
+  out.label = r.u64();
   if (!r.ok()) return "connect message truncated";
   if (kind > static_cast<std::uint8_t>(ConnectionKind::kOneSided))
     return "connect message: unknown connection kind";

@@ -90,7 +90,8 @@ struct ConnectMessage {
   std::uint64_t context = 0;  // the connector's context id
   std::uint32_t connect_id = 0;
   ConnectionKind kind = ConnectionKind::kTwoSided;
-  EndpointName reply_to;  // the connector's bootstrap address
+  std::uint64_t label = 0;  // the connector's (Context::connect), for the accepting side
+  EndpointName reply_to;    // the connector's bootstrap address
   LaneAddresses lane;
 };
 std::size_t encode_connect(const ConnectMessage& message, std::span<std::byte> out);

@@ -75,6 +75,10 @@ RmaStats RmaInitiator::stats() const {
   return comm_ ? initiator(comm_).rma_stats() : RmaStats{};
 }
 
+std::uint64_t RmaInitiator::label() const noexcept {
+  return comm_ ? comm_->label() : 0;
+}
+
 RmaTarget::RmaTarget(CommKey /*key*/, std::shared_ptr<p2p::ContextCore> context,
                      std::unique_ptr<p2p::Comm> comm)
     : context_(std::move(context)), comm_(std::move(comm)) {}
@@ -106,6 +110,10 @@ RmaStats RmaTarget::stats() const {
   return comm_ ? target(comm_).rma_stats() : RmaStats{};
 }
 
+std::uint64_t RmaTarget::label() const noexcept {
+  return comm_ ? comm_->label() : 0;
+}
+
 RmaConnector::RmaConnector(std::shared_ptr<p2p::ConnectorState> state) : state_(std::move(state)) {}
 RmaConnector::RmaConnector(RmaConnector&&) noexcept = default;
 RmaConnector& RmaConnector::operator=(RmaConnector&&) noexcept = default;
@@ -118,9 +126,9 @@ std::unique_ptr<RmaTarget> Listener::accept_rma() {
   return state_->accept_rma();
 }
 
-RmaConnector Context::connect_rma(const Handle& handle) {
+RmaConnector Context::connect_rma(const Handle& handle, std::uint64_t label) {
   return RmaConnector(
-      std::make_shared<p2p::ConnectorState>(core_, handle, p2p::ConnectionKind::kOneSided));
+      std::make_shared<p2p::ConnectorState>(core_, handle, p2p::ConnectionKind::kOneSided, label));
 }
 
 }  // namespace loom

@@ -244,12 +244,12 @@ void bind_context(py::module_& module) {
           "A loom.Listener; its .handle (bytes, at most 128) goes to peers by any means.")
       .def(
           "connect",
-          [](const std::shared_ptr<ContextState>& self, py::handle handle) {
+          [](const std::shared_ptr<ContextState>& self, py::handle handle, std::uint64_t label) {
             const Handle parsed = to_handle(handle);
             const std::shared_ptr<Context> core = self->get();
             std::optional<Connector> connector;
             try {
-              connector.emplace(without_gil([&] { return core->connect(parsed); }));
+              connector.emplace(without_gil([&] { return core->connect(parsed, label); }));
             } catch (const Error& e) {
               raise_setup(e, SetupFault::kArgument);
             }
@@ -257,17 +257,18 @@ void bind_context(py::module_& module) {
             self->adopt(state);
             return state;
           },
-          py::arg("handle"),
+          py::arg("handle"), py::arg("label") = 0,
           "Starts connecting to a listener's handle (bytes); Connector.wait() gives the "
-          "loom.SendComm once the listener's side accepted.")
+          "loom.SendComm once the listener's side accepted. `label` (an unsigned 64-bit number, "
+          "a rank say) is both communicators' .label: the accepting side learns who connected.")
       .def(
           "connect_rma",
-          [](const std::shared_ptr<ContextState>& self, py::handle handle) {
+          [](const std::shared_ptr<ContextState>& self, py::handle handle, std::uint64_t label) {
             const Handle parsed = to_handle(handle);
             const std::shared_ptr<Context> core = self->get();
             std::optional<RmaConnector> connector;
             try {
-              connector.emplace(without_gil([&] { return core->connect_rma(parsed); }));
+              connector.emplace(without_gil([&] { return core->connect_rma(parsed, label); }));
             } catch (const Error& e) {
               raise_setup(e, SetupFault::kArgument);
             }
@@ -275,9 +276,9 @@ void bind_context(py::module_& module) {
             self->adopt(state);
             return state;
           },
-          py::arg("handle"),
+          py::arg("handle"), py::arg("label") = 0,
           "A one-sided connection to a listener (taken there with Listener.accept_rma); "
-          "RmaConnector.wait() gives the loom.RmaInitiator.")
+          "RmaConnector.wait() gives the loom.RmaInitiator. `label` as for connect.")
       .def(
           "register_memory",
           [](const std::shared_ptr<ContextState>& self, py::handle buffer) {

@@ -277,6 +277,19 @@ void bind_common(py::class_<State, std::shared_ptr<State>>& cls) {
       .def(
           "stats", [](State& self) { return comm_stats(self); },
           "Counters: messages, bytes, eager, rendezvous, lane_id, lane_comms, data_nics.")
+      .def_property_readonly(
+          "label",
+          [](State& self) {
+            std::optional<std::uint64_t> label;
+            without_gil([&] {
+              std::lock_guard lock(self.mutex);
+              if (self.open_locked()) label = self.comm_locked().label();
+            });
+            if (!label) raise_closed("the communicator");
+            return *label;
+          },
+          "The label the connecting side gave Context.connect (0 if none), the same at both "
+          "ends: which peer an accepted communicator is.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](State& self, const py::args&) {
         self.close();

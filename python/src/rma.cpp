@@ -295,6 +295,18 @@ void bind_rma(py::module_& module) {
              if (!stats) raise_closed("the connection");
              return stats_dict(*stats);
            })
+      .def_property_readonly(
+          "label",
+          [](RmaInitiatorState& self) {
+            std::optional<std::uint64_t> label;
+            without_gil([&] {
+              std::lock_guard lock(self.mutex);
+              if (self.open_locked()) label = self.rma_locked().label();
+            });
+            if (!label) raise_closed("the connection");
+            return *label;
+          },
+          "The label given to Context.connect_rma (0 if none).")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](RmaInitiatorState& self, const py::args&) {
         self.close();
@@ -356,6 +368,13 @@ void bind_rma(py::module_& module) {
            [](RmaTargetState& self) {
              return stats_dict(with_target(self, [](RmaTarget& t) { return t.stats(); }));
            })
+      .def_property_readonly(
+          "label",
+          [](RmaTargetState& self) {
+            return with_target(self, [](RmaTarget& t) { return t.label(); });
+          },
+          "The label the initiator's side gave Context.connect_rma (0 if none): which peer this "
+          "connection is.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](RmaTargetState& self, const py::args&) {
         self.close();

@@ -105,6 +105,7 @@ std::vector<Seed> seeds() {
                      .context = 3,
                      .connect_id = 4,
                      .kind = kind,
+                     .label = 7,
                      .reply_to = address(16, 200),
                      .lane = lane(data, ctrl, n)};
     return encoded(m, encode_connect);

@@ -33,6 +33,8 @@ TEST_CASE("p2p both ranks connect to each other simultaneously", "[pair]") {
   REQUIRE(failure.empty());
 }
 
+// Each connect carries a label (here 40 + i), which both ends' label() give: the receiver
+// pairs each accepted communicator with its sender by it, whatever order accept() takes them in.
 TEST_CASE("p2p 32 communicators between one pair set up at once", "[pair]") {
   constexpr std::size_t kComms = 32;
   auto receiver = [](Channel& channel) {
@@ -45,7 +47,14 @@ TEST_CASE("p2p 32 communicators between one pair set up at once", "[pair]") {
                  if (auto comm = listener.accept()) comms.push_back(std::move(comm));
                },
                "32 accepts");
-    // The n-th accepted comm is not necessarily the sender's n-th: each message names its comm.
+    // The n-th accepted comm is not necessarily the sender's n-th: its label names it.
+    std::vector<bool> labelled(kComms, false);
+    for (const auto& comm : comms) {
+      const std::uint64_t label = comm->label();
+      require(label >= 40 && label < 40 + kComms && !labelled[label - 40],
+              "accepted a comm labelled " + std::to_string(label));
+      labelled[label - 40] = true;
+    }
     std::vector<std::vector<std::byte>> buffers(kComms, std::vector<std::byte>(8192));
     std::vector<Request> requests(kComms);
     std::vector<MemoryRegion> regions(kComms);
@@ -55,14 +64,11 @@ TEST_CASE("p2p 32 communicators between one pair set up at once", "[pair]") {
       require(post_into(comms[i]->irecv({&b, 1}), requests[i]) == Status::kOk,
               comms[i]->last_error());
     }
-    std::vector<bool> seen(kComms, false);
     for (std::size_t i = 0; i < kComms; ++i) {
       require(finish(*comms[i], requests[i]) == 8192, "size");
-      bool matched = false;
-      for (std::size_t s = 0; s < kComms && !matched; ++s) {
-        if (!seen[s] && check_pattern(buffers[i], 40 + s).empty()) seen[s] = matched = true;
-      }
-      require(matched, "comm " + std::to_string(i) + " got bytes of no sender comm");
+      const std::string wrong = check_pattern(buffers[i], comms[i]->label());
+      require(wrong.empty(), "comm labelled " + std::to_string(comms[i]->label()) +
+                                 " got another sender's bytes: " + wrong);
     }
     REQUIRE(context.stats().lanes.size() >= 1);
     channel.barrier();
@@ -71,7 +77,7 @@ TEST_CASE("p2p 32 communicators between one pair set up at once", "[pair]") {
     Context context(test_config(1));
     Handle handle = recv_handle(channel);
     std::vector<Connector> connectors;
-    for (std::size_t i = 0; i < kComms; ++i) connectors.push_back(context.connect(handle));
+    for (std::size_t i = 0; i < kComms; ++i) connectors.push_back(context.connect(handle, 40 + i));
     std::vector<std::unique_ptr<SendComm>> comms(kComms);
     std::size_t ready = 0;
     poll_until([&] { return ready == kComms; },
@@ -84,6 +90,7 @@ TEST_CASE("p2p 32 communicators between one pair set up at once", "[pair]") {
     std::vector<std::vector<std::byte>> buffers(kComms, std::vector<std::byte>(8192));
     std::vector<Request> requests(kComms);
     for (std::size_t i = 0; i < kComms; ++i) {
+      require(comms[i]->label() == 40 + i, "a send comm's label is the one its connect gave");
       fill_pattern(buffers[i], 40 + i);
       MemoryRegion region = comms[i]->register_memory(buffers[i].data(), 8192);
       require(post_into(comms[i]->isend(buffers[i].data(), 8192, 9, region), requests[i]) ==

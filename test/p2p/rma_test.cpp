@@ -253,8 +253,9 @@ TEST_CASE("rma one-sided and two-sided connects to one listener each reach their
   Context a(test_config(1));
   Context b(test_config(1));
   Listener listener = b.listen();
-  // The one-sided connect is first in the listener's queue: accept() must pass over it.
-  RmaConnector rma_connector = a.connect_rma(listener.handle());
+  // The one-sided connect is first in the listener's queue: accept() must pass over it. Each
+  // connect's label reaches its own accept.
+  RmaConnector rma_connector = a.connect_rma(listener.handle(), 0xA11CE);
   std::unique_ptr<RmaInitiator> initiator;
   std::unique_ptr<RmaTarget> target;
   poll_until([&] { return initiator != nullptr; },
@@ -263,9 +264,13 @@ TEST_CASE("rma one-sided and two-sided connects to one listener each reach their
                if (!target) target = listener.accept_rma();
              },
              "rma connect", 30s);
-  Connector connector = a.connect(listener.handle());
+  Connector connector = a.connect(listener.handle(), 0xB0B);
   CommPair pair = connect_both(connector, listener, "two-sided connect");
   const CloseOnUnwind guard{pair.out.get(), pair.in.get()};
+  CHECK(initiator->label() == 0xA11CE);
+  CHECK(target->label() == 0xA11CE);
+  CHECK(pair.out->label() == 0xB0B);
+  CHECK(pair.in->label() == 0xB0B);
   CHECK(listener.accept_rma() == nullptr);
   CHECK(listener.accept() == nullptr);
   // Both kinds share the lanes between the two contexts.
@@ -274,6 +279,7 @@ TEST_CASE("rma one-sided and two-sided connects to one listener each reach their
   CHECK(listener.stats().accepted == 2);
   initiator->close();
   target->close();
+  CHECK(target->label() == 0);
 }
 
 }  // namespace

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import loom
-from peers import local_pair
+from peers import local_pair, pattern
 
 
 @pytest.fixture
@@ -205,3 +205,42 @@ def test_ctrl_c_raises_out_of_a_wait_and_the_request_goes_on(pair):
     timer.join()
     assert loom.wait_all([request, out.isend(b"12345678", 1)], timeout=30)
     assert request.sizes == (8,)
+
+
+def test_connect_labels_name_the_peer_at_both_ends():
+    """accept() takes connects in the order they came; the label each connect carried says
+    which one it is, on both communicators (and on one-sided connections)."""
+    labels = [7, 0, (1 << 64) - 1]
+    with loom.Context() as a, loom.Context() as b:
+        listener = b.listen()
+        connectors = [a.connect(listener.handle, label=label) for label in labels]
+        rma_connector = a.connect_rma(listener.handle, label=99)
+        outs, intos = [None] * len(labels), []
+        initiator = target = None
+        for _ in range(100000):
+            outs = [out or c.poll() for out, c in zip(outs, connectors)]
+            made = listener.accept(timeout=0)
+            if made is not None:
+                intos.append(made)
+            initiator = initiator or rma_connector.poll()
+            target = target or listener.accept_rma(timeout=0)
+            if all(outs) and len(intos) == len(labels) and initiator and target:
+                break
+        assert [out.label for out in outs] == labels
+        assert sorted(into.label for into in intos) == sorted(labels)
+        assert (initiator.label, target.label) == (99, 99)
+        # Each accepted communicator is its labelled sender's: bytes keyed by the label arrive.
+        got = [np.zeros(64, dtype=np.uint8) for _ in intos]
+        receives = [into.irecv(buffer, 5) for into, buffer in zip(intos, got)]
+        sends = [out.isend(pattern(out.label % 1000, 64), 5) for out in outs]
+        assert all(request.wait(timeout=30) for request in receives + sends)
+        for into, buffer in zip(intos, got):
+            assert np.array_equal(buffer, pattern(into.label % 1000, 64))
+        with pytest.raises((OverflowError, TypeError)):
+            a.connect(listener.handle, label=-1)
+        with pytest.raises((OverflowError, TypeError)):
+            a.connect(listener.handle, label=1 << 64)
+        intos[0].close()
+        with pytest.raises(loom.ClosedError):
+            intos[0].label
+        listener.close()
