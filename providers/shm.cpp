@@ -1,15 +1,10 @@
 // shm: processes on one host only, one domain named "shm", string addresses, FI_MR_VIRT_ADDR.
-#include <ctime>
-#include <fstream>
-#include <iterator>
-#include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <rdma/fi_errno.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "providers/profile.hpp"
@@ -25,88 +20,55 @@ constexpr PeerGoneError kShmPeerGone[] = {
     {FI_EIO, "a copy from or to the peer's memory failed: the peer process exited"},
 };
 
-// 1.17's shm maps a region per endpoint as /dev/shm/<pid>:<name>, 16 MB each, and unlinks it
-// at close. A killed process leaves them, and a later process given the same pid fails to
-// enable its endpoints (fi_enable: EBUSY).
-std::size_t remove_regions(int pid) {
+// 1.17's shm maps a region per endpoint as /dev/shm/<pid>:<uid>:<index>, 16 MB each, and
+// unlinks it at close. A killed process leaves them, and a later process given the same pid
+// fails to enable its endpoints (fi_enable: EBUSY): shm takes over a region whose recorded owner
+// is gone, but for a pid come round the owner it reads is the live process making it.
+//
+// Names alone cannot tell a leftover from a live region: a process of another pid namespace
+// sharing /dev/shm (containers run with --ipc=host) may own the same name. Whether anyone holds
+// the file can: a write lease is granted only on a file no process has open, and a mapping
+// keeps its file open, whatever namespace the process runs in. shm keeps its fd open from
+// creating a region until it is mapped, and the mapping until after the unlink.
+// Unlinks `path` if no process holds it, under the lease so that no open slips in between.
+// False where it is held, or leases cannot tell (/proc/sys/fs/leases-enable, another owner).
+bool unlink_if_unused(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return false;
+  bool unlinked = false;
+  if (::fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
+    unlinked = ::unlink(path.c_str()) == 0;
+    ::fcntl(fd, F_SETLEASE, F_UNLCK);
+  }
+  ::close(fd);
+  return unlinked;
+}
+
+// Each /dev/shm file named for `pid`, unlinked; `only_unused`: only those no process holds.
+std::size_t remove_named_regions(int pid, bool only_unused) {
   const std::string prefix = std::to_string(pid) + ":";
   DIR* dir = ::opendir("/dev/shm");
   if (dir == nullptr) return 0;
   std::size_t removed = 0;
   while (const dirent* entry = ::readdir(dir)) {
     if (!std::string_view(entry->d_name).starts_with(prefix)) continue;
-    if (::unlink((std::string("/dev/shm/") + entry->d_name).c_str()) == 0) ++removed;
-  }
-  ::closedir(dir);
-  return removed;
-}
-
-// When this process started, in wall-clock seconds: its start in clock ticks after boot
-// (/proc/self/stat, field 22) moved onto the wall clock by the boot clock. nullopt if unreadable.
-std::optional<double> own_start_time() {
-  std::ifstream stat("/proc/self/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  // Field 2 (the command) is in parentheses and may hold spaces: count fields after its ')'.
-  const auto close = text.rfind(')');
-  if (close == std::string::npos) return std::nullopt;
-  std::istringstream fields(text.substr(close + 1));
-  std::string skipped;
-  int field = 3;
-  while (field < 22 && fields >> skipped) ++field;
-  unsigned long long start_ticks = 0;
-  if (field != 22 || !(fields >> start_ticks)) return std::nullopt;
-  const long ticks_per_second = ::sysconf(_SC_CLK_TCK);
-  timespec boot{};
-  timespec wall{};
-  if (ticks_per_second <= 0 || ::clock_gettime(CLOCK_BOOTTIME, &boot) != 0 ||
-      ::clock_gettime(CLOCK_REALTIME, &wall) != 0)
-    return std::nullopt;
-  const auto seconds = [](const timespec& t) {
-    return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
-  };
-  const double age = seconds(boot) - double(start_ticks) / double(ticks_per_second);
-  return seconds(wall) - age;
-}
-
-// Whether this process maps a file under `path` (/proc/self/maps names mapped files).
-bool mapped_here(const std::string& path) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    const auto at = line.find(path);
-    if (at != std::string::npos &&
-        (at + path.size() == line.size() || line[at + path.size()] == ' '))
-      return true;
-  }
-  return false;
-}
-
-// A region named for this process's pid that this process does not map and that was made
-// before it started was left by an earlier process with the same pid, killed with its
-// endpoints open: pids come round (32768 of them by default). shm 1.17 takes over a region
-// whose recorded owner is gone, but the owner it reads is our own pid, alive, so our endpoint
-// with that name fails to enable (EBUSY). A live region of ours is mapped from the moment it
-// is sized until it is unlinked, and one being made (not yet mapped) is younger than us. The
-// margin covers the tick resolution of the start time and small steps of the wall clock.
-std::size_t remove_own_stale_regions() {
-  constexpr double kMarginSeconds = 2.0;
-  const std::optional<double> started = own_start_time();
-  if (!started) return 0;
-  const std::string prefix = std::to_string(::getpid()) + ":";
-  DIR* dir = ::opendir("/dev/shm");
-  if (dir == nullptr) return 0;
-  std::size_t removed = 0;
-  while (const dirent* entry = ::readdir(dir)) {
-    if (!std::string_view(entry->d_name).starts_with(prefix)) continue;
     const std::string path = std::string("/dev/shm/") + entry->d_name;
-    struct stat info {};
-    if (::stat(path.c_str(), &info) != 0) continue;
-    const double made = double(info.st_mtim.tv_sec) + double(info.st_mtim.tv_nsec) * 1e-9;
-    if (made > *started - kMarginSeconds || mapped_here(path)) continue;
-    if (::unlink(path.c_str()) == 0) ++removed;
+    if (only_unused ? unlink_if_unused(path) : ::unlink(path.c_str()) == 0) ++removed;
   }
   ::closedir(dir);
   return removed;
+}
+
+// For a pid that no longer exists here (remove_leftovers_of checked): its regions go even
+// while peers still map them (the memory goes with their last mapping).
+std::size_t remove_regions(int pid) {
+  return remove_named_regions(pid, false);
+}
+
+// Regions named for this process's pid that no process holds: not ours (ours are mapped) nor a
+// live namesake's in another pid namespace, so an earlier holder of the pid left them.
+std::size_t remove_own_stale_regions() {
+  return remove_named_regions(::getpid(), true);
 }
 
 // A write with remote CQ data takes two commands in shm 1.17's receive queue (the command

@@ -180,54 +180,86 @@ TEST_CASE("provider leftovers: a dead process's shm regions go, a running one's 
 
 namespace {
 
-// A file named as one of shm's regions for this process, made an hour before it started: as
-// an earlier process with the same pid, killed, leaves them. Empty path if the name is taken.
+// A file named as one of shm's regions for this process that nobody holds, as an earlier
+// process with the same pid, killed, leaves them. Empty path if the name is taken.
 std::filesystem::path stale_region(const std::string& name) {
   const std::string path = "/dev/shm/" + std::to_string(::getpid()) + ":" + name;
   const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0600);
   if (fd < 0) return {};
   const bool written = ::write(fd, "region", 6) == 6;
-  const timespec an_hour_ago[2] = {{::time(nullptr) - 3600, 0}, {::time(nullptr) - 3600, 0}};
-  const bool dated = ::futimens(fd, an_hour_ago) == 0;
   ::close(fd);
   REQUIRE(written);
-  REQUIRE(dated);
   return path;
 }
 
 }  // namespace
 
-TEST_CASE("provider leftovers: an earlier holder of our pid's shm regions go, ours stay",
+// What decides is whether any process holds the file (a write lease is refused otherwise), not
+// its name or age: a live process of another pid namespace sharing /dev/shm may have the same
+// pid, so its regions our names; a child here stands in for it.
+TEST_CASE("provider leftovers: regions under our pid that nobody holds go, held ones stay",
           "[profile]") {
   if (!std::filesystem::is_directory("/dev/shm")) {
     SUCCEED("no /dev/shm");
     return;
   }
   const auto stale = stale_region("loom-test-stale");
-  REQUIRE_FALSE(stale.empty());
-  // Made after this process started: ours (a region being made is not mapped yet).
-  const auto fresh = fake_region(::getpid(), "loom-test-fresh");
-  // Old but mapped by this process: ours, whatever its time says.
-  const auto mapped_path = stale_region("loom-test-mapped");
-  REQUIRE_FALSE(mapped_path.empty());
-  const int fd = ::open(mapped_path.c_str(), O_RDWR);
+  const auto open_here = stale_region("loom-test-open");
+  const auto mapped_here = stale_region("loom-test-mapped");
+  const auto mapped_there = stale_region("loom-test-mapped-by-another-process");
+  REQUIRE_FALSE(
+      (stale.empty() || open_here.empty() || mapped_here.empty() || mapped_there.empty()));
+  const int held = ::open(open_here.c_str(), O_RDONLY);
+  REQUIRE(held >= 0);
+  const int fd = ::open(mapped_here.c_str(), O_RDWR);
   REQUIRE(fd >= 0);
   void* mapped = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
   ::close(fd);
   REQUIRE(mapped != MAP_FAILED);
+  int ready[2];
+  int release[2];
+  REQUIRE(::pipe(ready) == 0);
+  REQUIRE(::pipe(release) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    const int theirs = ::open(mapped_there.c_str(), O_RDWR);
+    void* map = theirs < 0 ? MAP_FAILED
+                           : ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, theirs, 0);
+    if (theirs >= 0) ::close(theirs);
+    const char state = map == MAP_FAILED ? 'f' : 'm';
+    char go = 0;
+    if (::write(ready[1], &state, 1) != 1 || ::read(release[0], &go, 1) != 1) ::_exit(2);
+    ::_exit(0);
+  }
+  char state = 0;
+  REQUIRE(::read(ready[0], &state, 1) == 1);
+  REQUIRE(state == 'm');
 
   CHECK(loom::providers::remove_own_stale_leftovers() == 1);
   CHECK_FALSE(std::filesystem::exists(stale));
-  CHECK(std::filesystem::exists(fresh));
-  CHECK(std::filesystem::exists(mapped_path));
+  CHECK(std::filesystem::exists(open_here));
+  CHECK(std::filesystem::exists(mapped_here));
+  CHECK(std::filesystem::exists(mapped_there));
+
+  // Once the other process let go, nothing holds its file: it goes too.
+  REQUIRE(::write(release[1], "g", 1) == 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(status == 0);
+  CHECK(loom::providers::remove_own_stale_leftovers() == 1);
+  CHECK_FALSE(std::filesystem::exists(mapped_there));
+
+  ::close(held);
   ::munmap(mapped, 4096);
-  std::filesystem::remove(fresh);
-  std::filesystem::remove(mapped_path);
+  for (int p : {ready[0], ready[1], release[0], release[1]}) ::close(p);
+  std::filesystem::remove(open_here);
+  std::filesystem::remove(mapped_here);
 }
 
 // shm 1.17 names an endpoint's region <pid>:<uid>:<index of the endpoint in the process> and
 // refuses to make one over a file whose recorded owner lives, and the owner it reads for a
-// region our pid's earlier holder left is us. Opening NICs removes them first.
+// region our pid's earlier holder left is us. Opening NICs removes those nobody holds first.
 // Its own meson test, with shm's environment.
 TEST_CASE("provider leftovers: shm endpoints open over regions an earlier holder of our pid left",
           "[shm-leftovers]") {
