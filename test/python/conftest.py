@@ -10,6 +10,8 @@ import traceback
 
 import pytest
 
+import loom
+
 _mp = multiprocessing.get_context("forkserver")
 _mp.set_forkserver_preload(["numpy", "loom"])
 
@@ -59,6 +61,10 @@ def run_pair(left, right, *args, dies=None, timeout=PAIR_TIMEOUT_S):
             if p.is_alive():
                 p.kill()
                 p.join()
+            # A side killed with its endpoints open leaves shm regions under its pid, which a
+            # later process given that pid would have to clear first; reaped, its pid is free.
+            if p.exitcode is not None and p.exitcode < 0:
+                loom.remove_process_leftovers(p.pid)
     if dies is not None:
         out[dies] = procs[dies].exitcode
     if errors:
