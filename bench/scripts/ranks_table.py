@@ -17,6 +17,7 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
 
 
 def checked(command, env):
@@ -71,7 +72,8 @@ def main():
     parser.add_argument("--build", default="build")
     parser.add_argument("--providers", default="tcp,shm")
     parser.add_argument("--ranks", default="2,4,8,16,32")
-    parser.add_argument("--json-dir", default=".", help="where each run's --json goes")
+    parser.add_argument("--json-dir", default=tempfile.gettempdir(),
+                        help="where each run's --json goes (default: the temporary directory)")
     args = parser.parse_args()
     counts = [int(n) for n in args.ranks.split(",")]
     print("| provider | N | endpoints/rank | lanes | RSS growth/rank (MiB) | KiB per peer beyond "

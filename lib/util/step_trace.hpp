@@ -1,9 +1,9 @@
 // Timestamps at the steps of a message's path (isend, irecv, test, CQ reads, provider posts),
-// for finding where a round trip's time goes: bench/scripts/step_trace.py reads them. Built in
+// for finding where a round trip's time goes: bench/scripts/step_trace.py reads them. Built
 // in only with -Dstep_trace=true; otherwise record_step is empty and compiles away.
 //
-// Each thread that records writes to its own file, <TMPDIR or /tmp>/loom-steps.<pid>.<tid>, through
-// a shared mapping: what was recorded survives _exit and a kill. An entry is 8 bytes:
+// Each thread that records writes to its own file, <TMPDIR or /tmp>/loom-steps.<pid>.<tid>,
+// through a shared mapping: what was recorded survives _exit and a kill. An entry is 8 bytes:
 // nanoseconds since the thread's first step (steady clock) << 8 | the step. The file holds up to
 // kStepTraceEntries; later steps are not recorded.
 #pragma once
