@@ -6,12 +6,13 @@ namespace {
 using namespace loom::p2p;
 using loom::fuzz::ByteSource;
 
-inline constexpr std::size_t kConnectHeaderBytes = 4 + 1 + 4 + 8 + 8 + 4 + 1;
+inline constexpr std::size_t kConnectHeaderBytes = 4 + 1 + 4 + 8 + 8 + 4 + 1 + 8;
 
 bool same(const ConnectMessage& a, const ConnectMessage& b) {
   return a.magic == b.magic && a.version == b.version && a.listener == b.listener &&
          a.nonce == b.nonce && a.context == b.context && a.connect_id == b.connect_id &&
-         a.kind == b.kind && a.reply_to == b.reply_to && loom::fuzz::same(a.lane, b.lane);
+         a.kind == b.kind && a.label == b.label && a.reply_to == b.reply_to &&
+         loom::fuzz::same(a.lane, b.lane);
 }
 
 // Magic and version are not the decoder's to check: the listener answers them with a reject.
@@ -32,6 +33,7 @@ ConnectMessage make_connect(ByteSource& s, bool& valid) {
   const std::uint8_t kind = s.u8() % 3;
   valid = valid && kind <= static_cast<std::uint8_t>(ConnectionKind::kOneSided);
   m.kind = static_cast<ConnectionKind>(kind);
+  m.label = s.take<std::uint64_t>();
   m.reply_to = loom::fuzz::make_address(s, valid);
   m.lane = loom::fuzz::make_lane(s, valid);
   return m;
