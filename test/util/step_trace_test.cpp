@@ -27,8 +27,8 @@ std::vector<std::uint64_t> read_entries(const std::string& path) {
 
 TEST_CASE("step trace: a thread's steps land in its own file, in order, with rising times",
           "[step-trace]") {
-  const Step pattern[] = {Step::kIsendBegin, Step::kSendBegin, Step::kSendEnd, Step::kIsendEnd,
-                          Step::kTestBegin, Step::kCqEntries, Step::kTestFinished};
+  const Step pattern[] = {Step::kIsendBegin, Step::kSendBegin, Step::kSendEnd,     Step::kIsendEnd,
+                          Step::kTestBegin,  Step::kCqEntries, Step::kTestFinished};
   constexpr int kRounds = 300;
   std::string paths[2];
   // Two threads at once: each its own file, its own steps (the second records in reverse).
