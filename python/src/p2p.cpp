@@ -243,15 +243,20 @@ py::object irecv_many(const std::shared_ptr<RecvCommState>& self, py::handle buf
                    });
 }
 
-py::dict comm_stats(CommState& self) {
-  CommStats stats;
-  const bool open = without_gil([&] {
+// Calls `f(comm)` under the communicator's mutex without the GIL; ClosedError once it is closed.
+template <typename F>
+auto with_comm(CommState& self, F&& f) {
+  std::optional<std::invoke_result_t<F, Communicator&>> result;
+  without_gil([&] {
     std::lock_guard lock(self.mutex);
-    if (!self.open_locked()) return false;
-    stats = self.comm_locked().stats();
-    return true;
+    if (self.open_locked()) result.emplace(f(self.comm_locked()));
   });
-  if (!open) raise_closed("the communicator");
+  if (!result) raise_closed("the communicator");
+  return std::move(*result);
+}
+
+py::dict comm_stats(CommState& self) {
+  const CommStats stats = with_comm(self, [](Communicator& c) { return c.stats(); });
   py::dict d;
   d["messages"] = stats.messages;
   d["bytes"] = stats.bytes;
@@ -279,15 +284,7 @@ void bind_common(py::class_<State, std::shared_ptr<State>>& cls) {
           "Counters: messages, bytes, eager, rendezvous, lane_id, lane_comms, data_nics.")
       .def_property_readonly(
           "label",
-          [](State& self) {
-            std::optional<std::uint64_t> label;
-            without_gil([&] {
-              std::lock_guard lock(self.mutex);
-              if (self.open_locked()) label = self.comm_locked().label();
-            });
-            if (!label) raise_closed("the communicator");
-            return *label;
-          },
+          [](State& self) { return with_comm(self, [](Communicator& c) { return c.label(); }); },
           "The label the connecting side gave Context.connect (0 if none), the same at both "
           "ends: which peer an accepted communicator is.")
       .def("__enter__", [](py::object self) { return self; })

@@ -140,6 +140,18 @@ py::dict stats_dict(const RmaStats& stats) {
   return d;
 }
 
+// Calls `f(initiator)` under its mutex without the GIL; ClosedError once it is closed.
+template <typename F>
+auto with_initiator(RmaInitiatorState& self, F&& f) {
+  std::optional<std::invoke_result_t<F, RmaInitiator&>> result;
+  without_gil([&] {
+    std::lock_guard guard(self.mutex);
+    if (self.open_locked()) result.emplace(f(self.rma_locked()));
+  });
+  if (!result) raise_closed("the connection");
+  return std::move(*result);
+}
+
 // Calls `f(target)` under the target's mutex without the GIL; ClosedError once it is closed.
 template <typename F>
 auto with_target(RmaTargetState& self, F&& f) {
@@ -287,24 +299,12 @@ void bind_rma(py::module_& module) {
                              })
       .def("stats",
            [](RmaInitiatorState& self) {
-             std::optional<RmaStats> stats;
-             without_gil([&] {
-               std::lock_guard lock(self.mutex);
-               if (self.open_locked()) stats = self.rma_locked().stats();
-             });
-             if (!stats) raise_closed("the connection");
-             return stats_dict(*stats);
+             return stats_dict(with_initiator(self, [](RmaInitiator& i) { return i.stats(); }));
            })
       .def_property_readonly(
           "label",
           [](RmaInitiatorState& self) {
-            std::optional<std::uint64_t> label;
-            without_gil([&] {
-              std::lock_guard lock(self.mutex);
-              if (self.open_locked()) label = self.rma_locked().label();
-            });
-            if (!label) raise_closed("the connection");
-            return *label;
+            return with_initiator(self, [](RmaInitiator& i) { return i.label(); });
           },
           "The label given to Context.connect_rma (0 if none).")
       .def("__enter__", [](py::object self) { return self; })
