@@ -49,7 +49,7 @@ struct Profile {
   // left on the host for later processes to trip over; how many objects it removed.
   std::size_t (*remove_leftovers)(int pid) = nullptr;
   // Removes what an earlier process with this process's own pid left that would stop this one
-  // opening endpoints; how many objects it removed. Never touches what this process made.
+  // opening endpoints; how many objects it removed. Never touches what a live process holds.
   std::size_t (*remove_own_stale)() = nullptr;
   // Whether control messages should ride inside data messages going the other way
   // (mux/carried_control.hpp; LOOM_CARRY_CONTROL=1). Off where a message of its own costs less

@@ -30,6 +30,7 @@ constexpr PeerGoneError kShmPeerGone[] = {
 // the file can: a write lease is granted only on a file no process has open, and a mapping
 // keeps its file open, whatever namespace the process runs in. shm keeps its fd open from
 // creating a region until it is mapped, and the mapping until after the unlink.
+
 // Unlinks `path` if no process holds it, under the lease so that no open slips in between.
 // False where it is held, or leases cannot tell (/proc/sys/fs/leases-enable, another owner).
 bool unlink_if_unused(const std::string& path) {
