@@ -15,5 +15,5 @@ passed=$(( ${ok:-0} + ${xfail:-0} ))
 failed=$(( ${fail:-0} + ${upass:-0} + ${timeout:-0} ))
 if [ -z "${ok:-}" ] && [ "$status" -ne 0 ]; then failed=$(( failed > 0 ? failed : 1 )); fi
 # The failed tests by name, so that a CI log cut to its tail still says which ones they were.
-grep -E '^ *[0-9]+/[0-9]+ .* (FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS) ' "$log" | sed 's/^ */failed: /' || true
+grep -E '^ *[0-9]+/[0-9]+ .* (FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS) ' "$log" | awk '!seen[$0]++' | sed 's/^ */failed: /' || true
 echo "${passed} passed, ${failed} failed, ${skipped:-0} skipped"
