@@ -21,6 +21,10 @@ that only spins reading the clock loses to interruptions (the spin probe, on eac
 cores the tools are pinned to). On a virtual machine that is the floor under every p99: a round
 trip that meets one takes microseconds longer, in either tool.
 
+--before PATH adds another fi_p2p_bw (a build of an earlier commit, say) to the same
+interleaved runs, with its figures and loom/before (paired) beside them: a change's effect and
+fabtests' ratio from one run of the machine.
+
 fabtests are not part of loom: build them from libfabric's source (matching the installed
 libfabric) into a directory of your own and point FABTESTS_BIN at its bin/.
 """
@@ -181,23 +185,33 @@ def latency_tables(args, fabtests, tmp):
               f"{args.lat_iters} timed rounds after {args.lat_warmup}; median of {args.reps}, "
               f"interleaved)")
         print(f"{'size':>6} {'loom us':>8} {'pingpong us':>12} {'loom/pingpong':>14} "
-              f"{'paired':>7} {'loom p50':>9} {'loom p99':>9}")
+              f"{'paired':>7} {'loom p50':>9} {'loom p99':>9}" +
+              (f" {'before us':>10} {'loom/before':>12} {'paired':>7}" if args.before else ""))
         for size in args.lat_sizes.split(","):
-            loom, ft = [], []
+            loom, ft, before = [], [], []
             for rep in range(args.reps):
                 runs = [lambda p: ft.append(run_pingpong(pingpong, provider, size, p,
                                                          args.lat_iters, args.lat_warmup)),
                         lambda p: loom.append(run_loom_latency(args.loom, provider, size,
                                                                f"{tmp}/l.json", args.lat_iters,
                                                                args.lat_warmup))]
+                if args.before:
+                    runs.append(lambda p: before.append(run_loom_latency(
+                        args.before, provider, size, f"{tmp}/b.json", args.lat_iters,
+                        args.lat_warmup)))
                 for k in range(len(runs)):
                     port += 1
                     runs[(rep + k) % len(runs)](port)
             l, f = statistics.median(r[0] for r in loom), statistics.median(ft)
             p50, p99 = (statistics.median(r[i] for r in loom) for i in (1, 2))
             paired = statistics.median(a[0] / b for a, b in zip(loom, ft))
-            print(f"{size:>6} {l:8.2f} {f:12.2f} {l / f:14.2f} {paired:7.2f} {p50:9.2f} "
-                  f"{p99:9.2f}", flush=True)
+            line = (f"{size:>6} {l:8.2f} {f:12.2f} {l / f:14.2f} {paired:7.2f} {p50:9.2f} "
+                    f"{p99:9.2f}")
+            if args.before:
+                b = statistics.median(r[0] for r in before)
+                line += (f" {b:10.2f} {l / b:12.2f} "
+                         f"{statistics.median(x[0] / y[0] for x, y in zip(loom, before)):7.2f}")
+            print(line, flush=True)
             if args.show_runs:
                 print("         runs (loom/pingpong us): " +
                       " ".join(f"{a[0]:.2f}/{b:.2f}" for a, b in zip(loom, ft)), flush=True)
@@ -219,6 +233,7 @@ def main():
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--loom", default="build-release/bench/p2p_bw/fi_p2p_bw")
+    parser.add_argument("--before", help="another fi_p2p_bw to compare with (an earlier build)")
     parser.add_argument("--latency", action="store_true",
                         help="one-way latency against fi_rdm_tagged_pingpong instead")
     parser.add_argument("--lat-sizes", default="8,256,4k,8k,16k")
@@ -245,14 +260,19 @@ def main():
                   f"core 1; median of {args.reps}, interleaved)")
             print(f"{'size':>6} {'loom MB/s':>10} {'tagged MB/s':>12} {'writedata MB/s':>15} "
                   f"{'loom/tagged':>12} {'loom/writedata':>15} {'loom/best':>10} "
-                  f"{'best runs':>10} {'paired':>7} {'loom Mxfer/s':>13} {'tagged Mxfer/s':>15}")
+                  f"{'best runs':>10} {'paired':>7} {'loom Mxfer/s':>13} {'tagged Mxfer/s':>15}" +
+                  (f" {'before MB/s':>12} {'loom/before':>12} {'paired':>7}"
+                   if args.before else ""))
             for size in args.sizes.split(","):
-                loom, tag, wd = [], [], []
+                loom, tag, wd, before = [], [], [], []
                 runs = [lambda p: tag.append(run_fabtests(tagged, [], provider, size, p)),
                         lambda p: wd.append(run_fabtests(rma, ["-o", "writedata"], provider,
                                                          size, p)),
                         lambda p: loom.append(run_loom(args.loom, provider, size,
                                                        f"{tmp}/r.json"))]
+                if args.before:
+                    runs.append(lambda p: before.append(run_loom(args.before, provider, size,
+                                                                 f"{tmp}/b.json")))
                 for rep in range(args.reps):
                     # Each tool goes first in turn: a run is slower right after one that
                     # zeroed and freed gigabytes (fabtests allocates 64 messages each way).
@@ -265,9 +285,14 @@ def main():
                 best = top(loom) / max(top(tag), top(wd))
                 paired = statistics.median(
                     lr[0] / max(tr[0], wr[0]) for lr, tr, wr in zip(loom, tag, wd))
-                print(f"{size:>6} {l:10.1f} {t:12.1f} {w:15.1f} {l / t:12.2f} {l / w:15.2f} "
-                      f"{l / max(t, w):10.2f} {best:10.2f} {paired:7.2f} {med(loom, 1):13.3f} "
-                      f"{med(tag, 1):15.3f}", flush=True)
+                line = (f"{size:>6} {l:10.1f} {t:12.1f} {w:15.1f} {l / t:12.2f} {l / w:15.2f} "
+                        f"{l / max(t, w):10.2f} {best:10.2f} {paired:7.2f} {med(loom, 1):13.3f} "
+                        f"{med(tag, 1):15.3f}")
+                if args.before:
+                    b = med(before, 0)
+                    line += (f" {b:12.1f} {l / b:12.2f} "
+                             f"{statistics.median(x[0] / y[0] for x, y in zip(loom, before)):7.2f}")
+                print(line, flush=True)
 
 
 if __name__ == "__main__":

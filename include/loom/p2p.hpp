@@ -114,6 +114,9 @@ struct CommStats {
   // or carried inside a message our side sent to the same peer context the other way.
   std::uint64_t cts_sent = 0;
   std::uint64_t cts_carried = 0;
+  // A sending communicator's asks for clear-to-sends: a receiver announces a buffer that only an
+  // eager message can fill when its sender has no credit for it (or a larger message) and asks.
+  std::uint64_t asks_sent = 0;
   std::size_t lane_comms = 0;  // communicators sharing this one's lane
   std::uint64_t lane_id = 0;
   std::vector<std::string> data_nics;  // the NIC of each data rail, in rail order
@@ -216,7 +219,11 @@ class RecvComm final : public Communicator {
   RecvComm(CommKey, std::shared_ptr<p2p::ContextCore> context, std::unique_ptr<p2p::Comm> comm);
   // Posts 1..kMaxRecvBuffers buffers for the next as many messages: each message goes into the
   // buffer of this call whose tag is its own, whatever order they were sent in (equal tags
-  // fill their buffers in send order); one whose tag no free buffer has fails on both sides.
+  // fill their buffers in send order); one whose tag no free buffer has fails (kInvalid), and
+  // one larger than its buffer fails (kTruncated), never truncated. The receive always reports
+  // it; the send too where it waited for the buffer's announcement (a message above the eager
+  // size, or one without a credit), not a small message sent ahead, whose send is done once it
+  // left, as MPI's and NCCL's are.
   Posted irecv(std::span<const RecvBuffer> buffers);
   // Makes data received into `buffers` visible to the device (GPUDirect RDMA): a small read
   // of a device buffer through each data rail. Where there is nothing to do (host memory

@@ -11,7 +11,8 @@
 //   padding length (u16) | magic (u16)
 //
 // Padding (zeros, up to kMaxCarrierPadding) is for providers that deliver small messages slower
-// than larger ones (providers/profile.hpp, min_carrier_bytes).
+// than larger ones (providers/profile.hpp, min_carrier_bytes): there a small message with no
+// control message to carry is still a carrier, of padding alone (control length 0).
 //
 // The receiving communicator strips it and posts it to the target lane's inbox
 // (LaneRegistry::post_carried); that lane dispatches it like one from its control rails.
@@ -35,15 +36,16 @@ inline constexpr std::size_t kMaxCarriedControl = 512;
 // for the largest carried message and its trailer.
 static_assert(kMaxCarriedControl + kCarrierTrailerBytes <= 1024);
 
-// Writes the trailer after a control message of `control_length` bytes; false if `out` is too
-// small or the length out of range.
+// Writes the trailer after a control message of `control_length` bytes (0: padding alone); false
+// if `out` is too small or the length out of range.
 bool encode_carrier_trailer(std::span<std::byte> out, std::uint64_t target_lane,
                             std::size_t control_length, std::size_t padding) noexcept;
 
 struct CarriedControl {
   std::size_t payload_length = 0;      // the application's bytes, at the start
   std::uint64_t target_lane = 0;       // the lane of the receiving host it is for
-  std::span<const std::byte> message;  // header + body, checked by decode_control_header
+  std::span<const std::byte> message;  // header + body, checked by decode_control_header; empty
+                                       // for padding alone
 };
 // Splits a received carrier; the reason it is malformed, or nullptr.
 const char* decode_carrier(std::span<const std::byte> received, CarriedControl& out) noexcept;

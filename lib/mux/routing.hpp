@@ -27,8 +27,8 @@ enum class TagKind : std::uint8_t {
 struct DataTag {
   TagKind kind;
   CommId comm;
-  std::uint32_t seq;             // low kTagSeqBits of a sequence number (see `placed`)
-  bool carries_control = false;  // a carried control message follows the payload
+  std::uint32_t seq;     // low kTagSeqBits of a sequence number (see `placed`)
+  bool carrier = false;  // a carrier: control or padding follows the payload (carried_control.hpp)
   // The sender matched the message to a buffer it announced: `seq` names that buffer. Else the
   // message went ahead of any announcement and `seq` is its own number; a grouped receive
   // places it by tag (p2p/group.hpp).
@@ -46,7 +46,7 @@ constexpr std::uint64_t encode_tag(DataTag t) {
   return (std::uint64_t{static_cast<std::uint8_t>(t.kind)} << (kCommIdBits + kTagSeqFieldBits)) |
          (std::uint64_t{t.comm} << kTagSeqFieldBits) |
          (std::uint64_t{t.placed} << (kTagSeqBits + 1)) |
-         (std::uint64_t{t.carries_control} << kTagSeqBits) | (t.seq & kTagSeqMask);
+         (std::uint64_t{t.carrier} << kTagSeqBits) | (t.seq & kTagSeqMask);
 }
 
 constexpr DataTag decode_tag(std::uint64_t tag) {
@@ -89,13 +89,13 @@ constexpr WriteImmediate decode_immediate(std::uint32_t data) {
 
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0x2BCDEF})).comm == 0xBEEF);
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0x2BCDEF})).seq == 0x2BCDEF);
-static_assert(!decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xFFFFFFFF})).carries_control);
+static_assert(!decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xFFFFFFFF})).carrier);
 static_assert(!decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0xFFFFFFFF, true})).placed);
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0x3FFFFF, false, true})).placed);
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0x3FFFFF, false, true})).seq ==
               0x3FFFFF);
-static_assert(!decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0, false, true})).carries_control);
-static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0, true})).carries_control);
+static_assert(!decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0, false, true})).carrier);
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0, true})).carrier);
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xFFFF, 0, true})).kind == TagKind::kEager);
 static_assert(encode_tag({TagKind::kEager, 0xFFFF, 0xFFFFFFFF, true, true}) <
               (1ull << kUsableTagBits));

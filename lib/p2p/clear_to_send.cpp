@@ -1,9 +1,15 @@
-// Clear-to-send: the receiver announces each buffer (size, tag, address, a key per data rail),
+// Clear-to-send: the receiver announces buffers (size, tag, address, a key per data rail),
 // batched into one control message per lane progress, with the credits it grants (eager.cpp);
 // the sender matches each message to the announcement for its sequence number and judges it
-// (verdict.hpp): before anything of it is written, or, for a message it sent ahead on a
-// credit, to learn the verdict the receiver reached. A refused message never carries payload
-// except one sent ahead, which the receiver drops.
+// (verdict.hpp) before anything of it is written. A refused message never carries payload
+// except one sent ahead, which the receiver alone judges and drops.
+//
+// A buffer that only an eager message can fill (one buffer, within the eager size, while the
+// sender holds credits) is not announced at once: the message usually comes ahead on a credit
+// and finishes it, so a small message costs one provider message, as a ping-pong of the
+// provider's own does. A sender whose message cannot go ahead (no credit, or larger than the
+// eager size) asks (AskClearance) for the buffers of the messages it holds; the receiver then
+// announces those, and those posted later up to where the ask reached.
 #include <algorithm>
 #include <array>
 #include <cassert>
@@ -62,6 +68,39 @@ void RecvCommImpl::announce(Request& r) {
   if (!held_.empty() && r.part_count > 1) place_ahead(r);
 }
 
+bool RecvCommImpl::may_stay_quiet(const Request& r, const Part& part) const noexcept {
+  return r.part_count == 1 && pool_ != nullptr && part.size <= eager_size_ &&
+         part.status == Status::kOk && credits_out_ + credits_to_grant_ != 0 &&
+         !seq_before(part.seq, asked_until_);
+}
+
+void RecvCommImpl::on_ask_clearance(std::span<const std::byte> body) {
+  AskClearance ask;
+  if (const char* why = decode_ask_clearance(body, ask)) [[unlikely]] {
+    util::log().warn("comm {} on lane {}: control message dropped: {}", id_, lane_->id(), why);
+    return;
+  }
+  announce_quiet(ask.from, ask.until);
+  send_control_batch();  // the sender waits for it
+}
+
+void RecvCommImpl::announce_quiet(std::uint32_t from, std::uint32_t until) {
+  if (seq_before(asked_until_, until)) asked_until_ = until;
+  // Only numbers in flight can be quiet (a peer's ask may name any).
+  if (next_seq_ - from > kSeqWindow) from = next_seq_ - static_cast<std::uint32_t>(kSeqWindow);
+  for (std::uint32_t seq = from; seq_before(seq, until) && seq_before(seq, next_seq_); ++seq) {
+    const PartRef& ref = part_ref(seq);
+    Request* r = ref.request;
+    if (r == nullptr || !r->in_use() || r->kind != RequestKind::kRecv ||
+        ref.part >= r->part_count || r->parts[ref.part].seq != seq ||
+        r->parts[ref.part].recv != RecvState::kQuiet) {
+      continue;
+    }
+    r->parts[ref.part].to(RecvState::kToAnnounce);
+    announce(*r);
+  }
+}
+
 // Sends the batch as a control message of its own: entries at once, since a sender may be
 // waiting for them; credits alone only once half the eager buffers wait to be granted again,
 // since until then the sender has credits left and a message the other way may carry them.
@@ -109,8 +148,10 @@ void RecvCommImpl::send_control_batch() {
 // mux/carried_control.hpp): called by it, under our lane's lock, through the lane registry.
 std::size_t RecvCommImpl::take_carried_control(std::span<std::byte> out,
                                                std::uint64_t& target_lane) {
-  if (closed_ || peer_gone() || (batch_.count == 0 && credits_to_grant_ == 0) ||
-      out.size() <= mux::kControlHeaderBytes) {
+  // Credits alone wait for half the eager buffers, as on their own (send_control_batch): a
+  // carrier costs the message it rides on.
+  if (closed_ || peer_gone() || (batch_.count == 0 && 2 * credits_to_grant_ < max_credits_) ||
+      credits_to_grant_ + batch_.count == 0 || out.size() <= mux::kControlHeaderBytes) {
     return 0;
   }
   const std::size_t length = encode_batch(out.subspan(mux::kControlHeaderBytes));
@@ -171,7 +212,11 @@ void RecvCommImpl::batch_left(Status status) {
 // message. Announcing twice is harmless: the sender takes a clearance once, for the message
 // with that sequence number. Credits that were lost stay lost: the sender writes instead.
 void RecvCommImpl::repeat_clearances(std::uint32_t from) {
-  if (batch_limit_ == 0) return;  // nothing announced yet
+  if (batch_limit_ == 0) {  // nothing announced yet
+    announce_quiet(from, next_seq_);
+    send_control_batch();
+    return;
+  }
   // From the first buffer of its group: the sender matches no message of a group it does not
   // know whole.
   const Announced& oldest = posted_.slot(from).entry.announced;
@@ -196,9 +241,13 @@ void RecvCommImpl::repeat_clearances(std::uint32_t from) {
     }
     ++repeated;
   }
-  if (repeated == 0) return;
-  util::log().debug("comm {} on lane {}: {} clearance(s) from message {} announced again", id_,
-                    lane_->id(), repeated, from);
+  // A sender still waiting asks for the quiet ones too (its ask may be lost in a back-pressured
+  // or broken-off path).
+  announce_quiet(from, next_seq_);
+  if (repeated != 0) {
+    util::log().debug("comm {} on lane {}: {} clearance(s) from message {} announced again", id_,
+                      lane_->id(), repeated, from);
+  }
   send_control_batch();
 }
 
@@ -254,41 +303,43 @@ bool SendCommImpl::group_known(std::uint32_t seq) const noexcept {
   return true;
 }
 
-// The group's messages posted so far that wait for it, placed and matched in sequence order:
-// the ones that went ahead first (they are its first messages), as the receiver placed them.
+// The group's messages posted so far, placed in sequence order, and those that wait for it
+// matched: the ones that went ahead first (they are its first ones), as the receiver placed them;
+// a message that went ahead may have finished already (its tag is kept in outgoing_).
 void SendCommImpl::settle_group(std::uint32_t seq) {
   if (!group_known(seq)) return;
   const Clearance& own = announcement(seq);
   const std::uint32_t first = seq - own.announcement.group_index;
-  for (std::uint32_t message = first; message != first + own.announcement.group_size; ++message) {
+  const std::uint32_t size = own.announcement.group_size;
+  for (std::uint32_t message = first; message != first + size; ++message) {
     if (!seq_before(message, next_seq_)) return;  // not posted yet
     Request* r = posted(message);
-    if (r == nullptr || !r->in_use() || r->kind != RequestKind::kSend ||
-        r->parts[0].seq != message) {
-      continue;  // finished, so placed already
+    const bool in_flight =
+        r != nullptr && r->in_use() && r->kind == RequestKind::kSend && r->parts[0].seq == message;
+    Outgoing* outgoing = outgoing_.find(message);
+    if (outgoing != nullptr && outgoing->went_ahead) {
+      if (outgoing->placed) continue;
+      outgoing->placed = true;
+      const std::uint32_t buffer = place(message, outgoing->tag);
+      if (in_flight) r->parts[0].peer_seq = buffer;
+      continue;
     }
-    if (r->parts[0].send == SendState::kAwaitingClearance) {
-      place(*r);
-      match(*r);
-      advance(*r);
-    } else if (r->parts[0].send == SendState::kSentAhead) {
-      place(*r);
-      settle_sent_ahead(*r);
-    }
+    if (!in_flight || r->parts[0].send != SendState::kAwaitingClearance) continue;
+    r->parts[0].peer_seq = place(message, r->parts[0].tag);
+    match(*r);
+    advance(*r);
   }
 }
 
 // The buffer of its group the message goes into (p2p/group.hpp): its own sequence number's for
 // a receive of one buffer.
-void SendCommImpl::place(Request& r) {
-  Part& part = r.parts[0];
-  Clearance& own = announcement(part.seq);
+std::uint32_t SendCommImpl::place(std::uint32_t seq, Tag tag) {
+  Clearance& own = announcement(seq);
   if (own.announcement.group_size == 1) [[likely]] {
     own.taken = true;
-    part.peer_seq = part.seq;
-    return;
+    return seq;
   }
-  const std::uint32_t first = part.seq - own.announcement.group_index;
+  const std::uint32_t first = seq - own.announcement.group_index;
   std::array<Tag, kMaxParts> tags{};
   GroupTaken taken = 0;
   for (std::size_t k = 0; k < own.announcement.group_size; ++k) {
@@ -296,23 +347,59 @@ void SendCommImpl::place(Request& r) {
     tags[k] = buffer.announcement.tag;
     if (buffer.taken) taken |= static_cast<GroupTaken>(1u << k);
   }
-  std::size_t k = place_in_group(tags.data(), own.announcement.group_size, taken, part.tag);
+  std::size_t k = place_in_group(tags.data(), own.announcement.group_size, taken, tag);
   // A group has a buffer for each of its messages, placed once each: one is always free.
   assert(k < own.announcement.group_size);
   if (k >= own.announcement.group_size) k = own.announcement.group_index;
   announcement(first + k).taken = true;
-  part.peer_seq = first + static_cast<std::uint32_t>(k);
+  return first + static_cast<std::uint32_t>(k);
 }
 
 bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {
   bool any = false;
   for (const Request& r : requests_.in_use(RequestKind::kSend)) {
-    const SendState state = r.parts[0].send;
-    if (state != SendState::kAwaitingClearance && state != SendState::kSentAhead) continue;
+    if (r.parts[0].send != SendState::kAwaitingClearance) continue;
     if (!any || seq_before(r.parts[0].seq, oldest)) oldest = r.parts[0].seq;
     any = true;
   }
   return any;
+}
+
+// One ask covers every message posted so far that waits: those posted later are asked for
+// after them, so a window of isends costs one ask, and none where credits or announcements came
+// first. Not at the first deferred run after a message began to wait: that runs before the
+// lane's queues are read, where its announcement (or credits) usually wait already; a message
+// still waiting at the next run asks.
+void SendCommImpl::ask_for_clearances() {
+  if (closed_ || peer_gone()) return;
+  bool any = false;
+  std::uint32_t from = next_seq_;
+  for (const Request& r : requests_.in_use(RequestKind::kSend)) {
+    const Part& part = r.parts[0];
+    if (part.send != SendState::kAwaitingClearance || seq_before(part.seq, asked_until_)) continue;
+    if (!any || seq_before(part.seq, from)) from = part.seq;
+    any = true;
+  }
+  if (!any || ask_ != AskState::kArmed) {
+    ask_ = any ? AskState::kArmed : AskState::kNone;
+    if (any) defer();
+    return;
+  }
+  const AskClearance ask{.from = from, .until = next_seq_};
+  std::byte body[kAskClearanceBytes];
+  const std::size_t length = encode_ask_clearance(ask, body);
+  const Status status = send_control(MessageType::kAskClearance, from, {body, length});
+  if (status == Status::kRetry) {
+    defer();
+    return;
+  }
+  // A failed send broke the communicator off (its requests fail); a lost ask is asked again
+  // by the pings of a sender still waiting (repeat_clearances).
+  ask_ = AskState::kNone;
+  if (status == Status::kOk) {
+    asked_until_ = next_seq_;
+    ++stats_.asks_sent;
+  }
 }
 
 // The message meets its buffer's announcement. A refusal sends no payload, only a

@@ -181,7 +181,6 @@ CloseNotice SendCommImpl::close_notice(CloseReason reason) {
         // that matched it settles it at once) yet unfinished over there until that left.
         left = told;
         break;
-      case SendState::kSentAhead:
       case SendState::kEagerInFlight:
       case SendState::kDone:
         break;
@@ -243,8 +242,7 @@ void SendCommImpl::settle_after_close() {
   for (Request& r : requests_.in_use(RequestKind::kSend)) {
     Part& part = r.parts[0];
     if (terminal(part.send)) continue;
-    const bool sent = part.send == SendState::kSentAhead ||
-                      part.send == SendState::kEagerInFlight || part.send == SendState::kWriting;
+    const bool sent = part.send == SendState::kEagerInFlight || part.send == SendState::kWriting;
     if (sent && r.status == Status::kOk) {
       part.delivered = part.size;
       part.to(SendState::kDone);

@@ -3,9 +3,9 @@
 // lane (mux/eager_pool.hpp), without waiting for its buffer's clear-to-send: each credit the
 // receiver granted in a clear-to-send batch is a posted buffer the pool promised. The receiver
 // copies the message into the buffer the irecv for its sequence number gives (at once if that
-// is posted, else when it is), judges it there (verdict.hpp), gives the eager buffer back and
-// is promised a credit again for its next batch. The sender learns the verdict from the
-// buffer's announcement, which every buffer gets.
+// is posted, else when it is), judges it there, alone (verdict.hpp), gives the eager buffer back
+// and is promised a credit again, granted in bulk. The send is done once it left: one provider
+// message per small message.
 //
 // Nothing waits in the provider's unexpected-message pool: a message leaves only onto a posted
 // eager buffer (a credit) or, without credits, by RDMA write once its buffer is announced.
@@ -47,20 +47,22 @@ bool SendCommImpl::injects(const Part& part) const noexcept {
          (part.registration == nullptr || part.registration->type() == MemoryType::kHost);
 }
 
-// kAwaitingClearance: sent ahead on a credit (the verdict comes with the clearance);
-// kEagerReady: cleared, its credit taken by match().
+// kAwaitingClearance: sent ahead on a credit, before its buffer's clear-to-send (the receiver
+// alone judges it: verdict.hpp); kEagerReady: cleared, its credit taken by match(). Either is
+// done once it left: at the inject, or at the send's completion.
 void SendCommImpl::post_eager(Request& r) {
   Part& part = r.parts[0];
   const bool ahead = part.send == SendState::kAwaitingClearance;
   ofi::Rail& data_rail = lane_->rails().data(0);
   const bool inject = injects(part);
-  const std::size_t carrier = inject ? fill_carrier(part) : 0;
+  const Carrier carrier = inject ? fill_carrier(part) : Carrier{};
   // Sent ahead, it names itself and the receiver places it; matched, the buffer it was placed in.
-  const std::uint64_t wire_tag = mux::encode_tag(
-      {mux::TagKind::kEager, peer_id_, ahead ? part.seq : part.peer_seq, carrier != 0, !ahead});
+  const std::uint64_t wire_tag =
+      mux::encode_tag({mux::TagKind::kEager, peer_id_, ahead ? part.seq : part.peer_seq,
+                       carrier.length != 0, !ahead});
   Status status;
-  if (carrier != 0) {
-    status = data_rail.tagged_inject(peer_data_[0], lane_->carrier_buffer().data(), carrier,
+  if (carrier.length != 0) {
+    status = data_rail.tagged_inject(peer_data_[0], lane_->carrier_buffer().data(), carrier.length,
                                      wire_tag, part.tag);
   } else if (inject) {
     status = data_rail.tagged_inject(peer_data_[0], part.data, part.size, wire_tag, part.tag);
@@ -69,17 +71,21 @@ void SendCommImpl::post_eager(Request& r) {
                                    part.registration ? part.registration->desc(0) : nullptr,
                                    wire_tag, part.tag, &r.ops[0]);
   }
-  if (carrier != 0 && status == Status::kOk) carried_length_ = 0;
+  if (carrier.carries_control && status == Status::kOk) carried_length_ = 0;
   if (status == Status::kOk) {
-    if (!inject) ++r.ops_outstanding;
     if (ahead) {
       --credits_;
       ++stats_.eager;
-      part.to(SendState::kSentAhead);
-    } else if (inject) {
+      if (Outgoing* outgoing = outgoing_.find(part.seq)) {
+        outgoing->went_ahead = true;
+        outgoing->tag = part.tag;
+      }
+    }
+    if (inject) {
       part.delivered = part.size;
       part.to(SendState::kDone);
     } else {
+      ++r.ops_outstanding;
       part.to(SendState::kEagerInFlight);
     }
   } else if (status == Status::kRetry) {
@@ -93,17 +99,28 @@ void SendCommImpl::post_eager(Request& r) {
 }
 
 // The payload followed by a control message one of our receiving communicators owes the same
-// peer context (mux/carried_control.hpp), in the lane's carrier buffer: its length, or 0 when there
-// is none or it does not fit in an inject (of the provider's size, which may exceed
-// LOOM_INJECT_MAX) that the receiver's eager buffer takes. A taken message stays in held_control_
-// until an inject carries it: back-pressure must not lose it.
-std::size_t SendCommImpl::fill_carrier(const Part& part) {
-  if (!carry_control_) return 0;
+// peer context (mux/carried_control.hpp), in the lane's carrier buffer, or by padding alone where
+// the provider delivers small messages slower than larger ones (profile: min_carrier_bytes).
+// None when there is neither, or when it would not fit in an inject (of the provider's size,
+// which may exceed LOOM_INJECT_MAX) that the receiver's eager buffer takes. A taken message stays
+// in held_control_ until an inject carries it: back-pressure must not lose it.
+SendCommImpl::Carrier SendCommImpl::fill_carrier(const Part& part) {
   const std::size_t limit = std::min(inject_size_, eager_size_);
+  const bool pads = min_carrier_ != 0 && min_carrier_ <= limit &&
+                    part.size + mux::kCarrierTrailerBytes < min_carrier_;
+  std::size_t control = 0;
   const std::size_t overhead = mux::kCarrierTrailerBytes + mux::kControlHeaderBytes;
-  if (part.size + overhead >= limit) return 0;
-  const std::size_t room =
-      std::min(limit - part.size - mux::kCarrierTrailerBytes, mux::kMaxCarriedControl);
+  if (carry_control_ && part.size + overhead < limit) {
+    const std::size_t room =
+        std::min(limit - part.size - mux::kCarrierTrailerBytes, mux::kMaxCarriedControl);
+    if (carried_length_ == 0) {
+      carried_length_ =
+          lanes_.take_carried_control(peer_context_, {held_control_.data(), room}, carried_lane_);
+    }
+    // One held from a larger room waits for a smaller payload.
+    if (carried_length_ <= room) control = carried_length_;
+  }
+  if (control == 0 && !pads) return {};
   // Grown to what the largest payload so far needs, not the inject size (16 KiB on tcp): a
   // lane of small messages keeps a small buffer.
   const std::size_t needed =
@@ -111,26 +128,18 @@ std::size_t SendCommImpl::fill_carrier(const Part& part) {
                           mux::kCarrierTrailerBytes);
   std::vector<std::byte>& carrier = lane_->carrier_buffer();
   if (carrier.size() < needed) carrier.resize(needed);
-  if (carried_length_ == 0) {
-    carried_length_ =
-        lanes_.take_carried_control(peer_context_, {held_control_.data(), room}, carried_lane_);
-    if (carried_length_ == 0) return 0;
-  } else if (carried_length_ > room) {
-    return 0;  // held from a larger room: it waits for a smaller payload
-  }
   if (part.size != 0) std::memcpy(carrier.data(), part.data, part.size);
-  std::memcpy(carrier.data() + part.size, held_control_.data(), carried_length_);
-  std::size_t end = part.size + carried_length_;
-  // Padding where the provider delivers small messages slower than larger ones (profile).
+  if (control != 0) std::memcpy(carrier.data() + part.size, held_control_.data(), control);
+  std::size_t end = part.size + control;
   std::size_t padding = 0;
   if (end + mux::kCarrierTrailerBytes < min_carrier_ && min_carrier_ <= limit) {
     padding = std::min(min_carrier_ - end - mux::kCarrierTrailerBytes, mux::kMaxCarrierPadding);
     std::memset(carrier.data() + end, 0, padding);
     end += padding;
   }
-  mux::encode_carrier_trailer({carrier.data() + end, mux::kCarrierTrailerBytes}, carried_lane_,
-                              carried_length_, padding);
-  return end + mux::kCarrierTrailerBytes;
+  mux::encode_carrier_trailer({carrier.data() + end, mux::kCarrierTrailerBytes},
+                              control != 0 ? carried_lane_ : 0, control, padding);
+  return {.length = end + mux::kCarrierTrailerBytes, .carries_control = control != 0};
 }
 
 // New credits: the messages waiting for one go, oldest first, and only in sequence order: one
@@ -147,39 +156,6 @@ void SendCommImpl::send_ahead_waiting() {
     post_eager(*r);
     if (r->parts[0].send == SendState::kAwaitingClearance) return;  // pushed back: retried
   }
-}
-
-// Called by isend for a message it just sent ahead on a credit. Its clearance, which the peer
-// sent when it posted the receive, usually waits already in our inbox (carried) or our control
-// CQ: read now, after the message left, the request is finished before isend returns, off the
-// message's path. Left to test(), the read keeps the sender polling a second queue while the
-// reply arrives, and on shm contends with the peer writing its next clearance into that queue,
-// which a ping-pong's latency shows. Only for a send alone on its communicator: with others in
-// flight the caller's tests read the lane anyway, and a read in every isend costs a window of
-// small sends a queue read per message.
-void SendCommImpl::collect_clearance(Request& r) {
-  if (requests_.in_use_count() != 1) return;
-  lane_->drain_inbox();
-  if (r.parts[0].send == SendState::kSentAhead) lane_->progress();
-}
-
-// The clearance of a message sent ahead, once placed: the receiver placed and judged it the
-// same way.
-void SendCommImpl::settle_sent_ahead(Request& r) {
-  Part& part = r.parts[0];
-  const Clearance& clearance = announcement(part.peer_seq);
-  const Verdict verdict = judge(clearance.announcement, part.size, part.tag);
-  if (verdict == Verdict::kFits && r.status == Status::kOk) {
-    part.delivered = part.size;
-    part.to(r.ops_outstanding != 0 ? SendState::kEagerInFlight : SendState::kDone);
-    return;
-  }
-  if (verdict != Verdict::kFits) {
-    r.fail(status_of(verdict),
-           explain(verdict, Side::kSender, part.seq, clearance.announcement, part.size, part.tag));
-  }
-  part.status = r.status;
-  part.to(SendState::kFailed);
 }
 
 // ---- receiver ----
@@ -207,7 +183,9 @@ void RecvCommImpl::on_peer_connected() {
 // gives its buffer back. One the pool cannot serve in full is woken when buffers come back.
 void RecvCommImpl::promise_credits() {
   if (pool_ == nullptr || closed_ || peer_gone()) return;
-  const std::size_t held = credits_out_ + credits_to_grant_;
+  // Messages that came ahead of their irecvs still hold their buffers: a sender far ahead holds
+  // at most LOOM_EAGER_CREDITS of the pool, however often it asks for announcements.
+  const std::size_t held = credits_out_ + credits_to_grant_ + held_.size();
   if (held >= max_credits_) return;
   const std::size_t promised = pool_->promise(max_credits_ - held, held, lane_->attached());
   // Short of its share because the pool ran dry: woken when buffers come back.
@@ -246,7 +224,7 @@ void RecvCommImpl::on_eager(const mux::EagerArrival& arrival) {
   }
   std::size_t length = arrival.length;
   const std::byte* data = pool_->data(arrival.buffer);
-  if (arrival.tag.carries_control) {
+  if (arrival.tag.carrier) {
     // The control message goes to its lane whatever becomes of the payload: the peer's sender
     // there waits for it.
     mux::CarriedControl carried;
@@ -255,7 +233,7 @@ void RecvCommImpl::on_eager(const mux::EagerArrival& arrival) {
       peer_lost(std::string("irecv: eager message: ") + why);
       return;
     }
-    lanes_.post_carried(carried.target_lane, carried.message);
+    if (!carried.message.empty()) lanes_.post_carried(carried.target_lane, carried.message);
     length = carried.payload_length;
   }
   const Held held{.buffer = arrival.buffer,
@@ -286,6 +264,7 @@ void RecvCommImpl::on_eager(const mux::EagerArrival& arrival) {
     return;
   }
   switch (part->recv) {
+    case RecvState::kQuiet:
     case RecvState::kAnnounced:
     case RecvState::kCleared:
       deliver(*r, *part, held);
@@ -361,9 +340,9 @@ void RecvCommImpl::place_ahead(Request& r) {
   }
 }
 
-// The receiver's verdict on a message sent ahead (the sender reaches the same one from the
-// buffer's announcement); only a message that fits is copied. The buffer goes back to the pool,
-// and the credit with it.
+// The receiver's verdict on a message sent ahead, its alone (the sender finished the send when
+// it left); only a message that fits is copied. The buffer goes back to the pool, and the credit
+// with it. A part the sender was told of finishes once the batch announcing it left.
 void RecvCommImpl::deliver(Request& r, Part& part, const Held& held) {
   const Announcement facts{
       .seq = part.seq, .size = part.size, .tag = part.tag, .refused = part.status != Status::kOk};
@@ -393,7 +372,7 @@ void RecvCommImpl::deliver(Request& r, Part& part, const Held& held) {
   }
   pool_->release(held.buffer);
   promise_credits();
-  if (part.recv == RecvState::kCleared) {
+  if (part.recv == RecvState::kCleared || part.recv == RecvState::kQuiet) {
     part.to(part.status == Status::kOk ? RecvState::kDone : RecvState::kFailed);
   } else {
     part.to(RecvState::kArrived);  // reported once the batch announcing it left

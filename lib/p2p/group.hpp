@@ -12,7 +12,9 @@
 // Who applies it: the sender, for every message whose group it knows (every buffer of it
 // announced: CtsEntry::group_index/group_size), before anything is written, and the message
 // then names its buffer's sequence number on the wire (writes, ready-to-send, DataTag::placed).
-// A message sent ahead on a credit is sent before its group is known: the receiver places it.
+// A message sent ahead on a credit is sent before its group is known: the receiver places it,
+// and the sender places it too once it learns the group (its tag is kept for that: the send
+// may have finished).
 // Both reach the same placement because messages go ahead in sequence order only (a message
 // waiting for its announcement holds back later ones: send_ahead_waiting), so the messages of a
 // group that went ahead are its first ones, which the receiver places in sequence order and the

@@ -319,6 +319,23 @@ const char* decode_writes_posted(std::span<const std::byte> in, WritesPosted& ou
   return nullptr;
 }
 
+std::size_t encode_ask_clearance(const AskClearance& m, std::span<std::byte> out) {
+  if (m.until - m.from > kAskSpan) return 0;
+  WireWriter w(out);
+  w.u32(m.from);
+  w.u32(m.until);
+  return finish(w);
+}
+
+const char* decode_ask_clearance(std::span<const std::byte> in, AskClearance& out) {
+  WireReader r(in);
+  out.from = r.u32();
+  out.until = r.u32();
+  if (!r.done()) return "ask for clearance has the wrong length";
+  if (out.until - out.from > kAskSpan) return "ask for clearance spans too many messages";
+  return nullptr;
+}
+
 std::size_t encode_ping(const Ping& m, std::span<std::byte> out) {
   if (!m.awaiting) return 0;
   WireWriter w(out);

@@ -41,6 +41,9 @@ enum class MessageType : std::uint8_t {
   // initiator -> target: a counted notification (NotifyProtocol::kCountedCqData) already sent
   // will never be complete (a write of its batch failed): skip it (a Notify, seq only)
   kNotifyCancel = 27,
+  // sender -> receiver: announce the buffers for these messages (an AskClearance); a receiver
+  // leaves a buffer only an eager message can fill unannounced until asked (clear_to_send.cpp)
+  kAskClearance = 28,
 };
 
 inline constexpr std::uint32_t kHandleMagic = 0x4D4F4F4C;  // "LOOM"
@@ -274,6 +277,22 @@ struct WritesPosted {
 inline constexpr std::size_t kWritesPostedBytes = 4;
 std::size_t encode_writes_posted(const WritesPosted& message, std::span<std::byte> out);
 const char* decode_writes_posted(std::span<const std::byte> in, WritesPosted& out);
+
+// A sender's messages [from, until) wait for their buffers' clear-to-send: the receiver announces
+// those it left unannounced (posted, or as they are posted). until - from <= kAskSpan.
+struct AskClearance {
+  std::uint32_t from = 0;
+  std::uint32_t until = 0;
+};
+inline constexpr std::size_t kAskClearanceBytes = 8;
+inline constexpr std::uint32_t kAskSpan = 1u << 16;
+// Keeps an end of what was asked for within kAskSpan behind `seq`, called with each new number,
+// so that comparing numbers with it holds however many messages went by.
+constexpr void trail_ask(std::uint32_t& asked_until, std::uint32_t seq) noexcept {
+  if (seq_before(asked_until, seq - kAskSpan)) asked_until = seq - kAskSpan;
+}
+std::size_t encode_ask_clearance(const AskClearance& message, std::span<std::byte> out);
+const char* decode_ask_clearance(std::span<const std::byte> in, AskClearance& out);
 
 // A ping. A sender with messages waiting for their clearance also names the oldest: the
 // receiver announces again what it announced from there on (a clear-to-send carried on a

@@ -5,9 +5,8 @@
 //
 // Send (one part per isend):
 //
-//   kAwaitingClearance --a credit: sent ahead--> kSentAhead --CTS: fits--> kEagerInFlight|kDone
-//                      \                                    \--CTS: refused, too large, wrong tag,
-//                       \                                      or the send failed--> kFailed
+//   kAwaitingClearance --a credit: sent ahead--> kEagerInFlight --> kDone | kFailed
+//                      \                     \--injected------------------------> kDone
 //                       \--CTS: fits, a credit--> kEagerReady --posted--> kEagerInFlight --> kDone
 //                       \                           \--injected------------------------> kDone
 //                       \--CTS: fits, write--> kWriting (stripes k of n; its ready-to-send)
@@ -15,10 +14,15 @@
 //                         \--CTS: refused by the receiver----------------------------> kFailed
 //                          \--CTS: too large / wrong tag--> kFailing (the RTS tells the verdict)
 //   kFailing: failed; what it still owes (writes in flight, a ready-to-send) drains --> kFailed
+//   A message sent ahead is judged by its receiver alone (verdict.hpp): its send is done once
+//   it left, as MPI's and NCCL's are.
 //
 // Receive (up to kMaxParts parts per irecv):
 //
 //   kAwaitingPost --irecv--> kToAnnounce --in a clear-to-send batch--> kAnnounced
+//                \--irecv, a buffer only an eager message fills--> kQuiet
+//   kQuiet --its message came ahead: judged here--> kDone | kFailed
+//          \--the sender asked for its announcement (AskClearance)--> kToAnnounce
 //   kAnnounced --batch left--> kCleared (a failed part: kFailed)
 //              \--its message came ahead (copied from an eager buffer)--> kArrived
 //   kArrived --batch left: the sender can judge it too--> kDone | kFailed
@@ -44,7 +48,6 @@ namespace loom::p2p {
 
 enum class SendState : std::uint8_t {
   kAwaitingClearance,  // no clear-to-send for its sequence number yet, and no credit
-  kSentAhead,          // sent on a credit before its clear-to-send: the verdict comes with it
   kEagerReady,         // cleared for an eager send; waits for room in the provider's queue
   kEagerInFlight,      // the eager send is posted: done at its local completion
   kWriting,            // cleared for RDMA writes: stripes posted and completing
@@ -56,6 +59,7 @@ enum class SendState : std::uint8_t {
 enum class RecvState : std::uint8_t {
   kAwaitingPost,  // not taken up by irecv yet (flushes: the read is not posted)
   kToAnnounce,    // ready for a clear-to-send (a failed part announces its refusal)
+  kQuiet,         // posted, unannounced: a message sent ahead fills it, or its sender asks
   kAnnounced,     // in the clear-to-send batch, not sent yet
   kArrived,       // its message came ahead and is copied; the batch announcing it has not left
   kCleared,       // the clear-to-send left: the writes may come (or the message ahead)
@@ -81,10 +85,8 @@ constexpr unsigned next_states(SendState from) {
   using S = SendState;
   switch (from) {
     case S::kAwaitingClearance:
-      return bit(S::kSentAhead) | bit(S::kEagerReady) | bit(S::kWriting) | bit(S::kFailing) |
-             bit(S::kFailed);
-    case S::kSentAhead:
-      return bit(S::kEagerInFlight) | bit(S::kDone) | bit(S::kFailed);
+      return bit(S::kEagerInFlight) | bit(S::kDone) | bit(S::kEagerReady) | bit(S::kWriting) |
+             bit(S::kFailing) | bit(S::kFailed);
     case S::kEagerReady:
       return bit(S::kEagerInFlight) | bit(S::kDone) | bit(S::kFailed);
     case S::kEagerInFlight:
@@ -105,7 +107,9 @@ constexpr unsigned next_states(RecvState from) {
   constexpr unsigned failing = bit(R::kFailed);
   switch (from) {
     case R::kAwaitingPost:
-      return bit(R::kToAnnounce) | bit(R::kFlushing) | failing;
+      return bit(R::kToAnnounce) | bit(R::kQuiet) | bit(R::kFlushing) | failing;
+    case R::kQuiet:
+      return bit(R::kToAnnounce) | bit(R::kDone) | failing;
     case R::kToAnnounce:
       return bit(R::kAnnounced) | failing;
     case R::kAnnounced:
@@ -152,7 +156,6 @@ constexpr bool legal(State from, State to) {
 
 constexpr std::string_view to_string(SendState s) {
   constexpr std::string_view kNames[] = {"awaiting clearance",
-                                         "sent ahead",
                                          "eager ready",
                                          "eager in flight",
                                          "writing",
@@ -162,9 +165,9 @@ constexpr std::string_view to_string(SendState s) {
   return kNames[static_cast<unsigned>(s)];
 }
 constexpr std::string_view to_string(RecvState s) {
-  constexpr std::string_view kNames[] = {"awaiting post", "to announce",  "announced", "arrived",
-                                         "cleared",       "writes ahead", "writing",   "flushing",
-                                         "done",          "failed"};
+  constexpr std::string_view kNames[] = {
+      "awaiting post", "to announce", "quiet",    "announced", "arrived", "cleared",
+      "writes ahead",  "writing",     "flushing", "done",      "failed"};
   return kNames[static_cast<unsigned>(s)];
 }
 constexpr std::string_view to_string(ReadyToSendState s) {
@@ -186,8 +189,8 @@ constexpr bool terminal(RecvState s) {
 static_assert(legal(SendState::kAwaitingClearance, SendState::kWriting));
 static_assert(!legal(SendState::kDone, SendState::kFailed), "an outcome never changes");
 static_assert(!legal(RecvState::kAnnounced, RecvState::kDone),
-              "the sender learns the verdict before the receiver reports it");
-static_assert(!legal(SendState::kSentAhead, SendState::kWriting), "a message leaves once");
+              "a sender told of the buffer learns the verdict before the receiver reports it");
+static_assert(!legal(SendState::kEagerInFlight, SendState::kWriting), "a message leaves once");
 static_assert(!legal(SendState::kEagerReady, SendState::kWriting),
               "the credit an eager send counts on is taken when it is matched");
 

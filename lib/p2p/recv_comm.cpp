@@ -62,6 +62,7 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
   r->part_count = static_cast<std::uint8_t>(buffers.size());
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     const std::uint32_t seq = next_seq_++;
+    trail_ask(asked_until_, seq);
     r->parts[i] = Part{.data = static_cast<std::byte*>(buffers[i].data),
                        .size = buffers[i].size,
                        .tag = buffers[i].tag,
@@ -159,9 +160,10 @@ void RecvCommImpl::on_flush_read(Request& r, const ofi::Completion& completion) 
   if (r.ops_outstanding == 0) post_flush_reads(r);
 }
 
-// A clear-to-send for a buffer above the eager size leaves at once: its sender can do nothing
-// before it. The others leave with the lane's next progress: a sender with credits does not
-// wait for them.
+// A buffer only an eager message can fill waits unannounced (clear_to_send.cpp): a message sent
+// ahead finishes it, else its sender asks. The others are announced: at once for a buffer above
+// the eager size or when the sender holds no credit (it can do nothing before), else at the
+// lane's next progress (a sender with credits does not wait for it).
 void RecvCommImpl::advance(Request& r) {
   if (r.kind == RequestKind::kFlush) {
     post_flush_reads(r);
@@ -170,9 +172,17 @@ void RecvCommImpl::advance(Request& r) {
   bool urgent = credits_out_ + credits_to_grant_ == 0;
   for (std::size_t i = 0; i < r.part_count; ++i) {
     Part& part = r.parts[i];
-    if (part.recv == RecvState::kAwaitingPost) part.to(RecvState::kToAnnounce);
+    if (part.recv == RecvState::kAwaitingPost) {
+      if (may_stay_quiet(r, part)) {
+        part.to(RecvState::kQuiet);
+        if (!held_.empty()) deliver_held(r, part);
+        continue;
+      }
+      part.to(RecvState::kToAnnounce);
+    }
     urgent = urgent || part.size > eager_size_;
   }
+  if (r.parts[0].recv == RecvState::kQuiet || terminal(r.parts[0].recv)) return;
   announce(r);
   if (urgent) send_control_batch();
 }
@@ -210,6 +220,9 @@ void RecvCommImpl::on_control(const mux::ControlHeader& header, std::span<const 
       return;
     case MessageType::kWritesPosted:
       on_writes_posted(body);
+      return;
+    case MessageType::kAskClearance:
+      on_ask_clearance(body);
       return;
     default:
       util::log().warn("comm {} on lane {}: unexpected control message type {} dropped", id_,

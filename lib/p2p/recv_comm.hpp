@@ -71,6 +71,11 @@ class RecvCommImpl final : public Comm {
   std::size_t encode_batch(std::span<std::byte> out);
   void batch_left(Status status);
   void repeat_clearances(std::uint32_t from) override;
+  // Whether the part may wait unannounced (kQuiet) for a message sent ahead.
+  [[nodiscard]] bool may_stay_quiet(const Request& request, const Part& part) const noexcept;
+  void on_ask_clearance(std::span<const std::byte> body);
+  // Announces the quiet parts posted with [from, until).
+  void announce_quiet(std::uint32_t from, std::uint32_t until);
   // eager.cpp: a message sent ahead, in one of the lane's pool buffers until its irecv.
   struct Held {
     std::uint32_t buffer = 0;
@@ -103,8 +108,9 @@ class RecvCommImpl final : public Comm {
   void on_writes_posted(std::span<const std::byte> body);
 
   std::uint32_t next_seq_ = 0;
-  ClearToSend batch_;             // entries not sent yet
-  std::vector<PartRef> batched_;  // the buffers they describe
+  std::uint32_t asked_until_ = 0;  // the sender asked for the buffers before it (AskClearance)
+  ClearToSend batch_;              // entries not sent yet
+  std::vector<PartRef> batched_;   // the buffers they describe
   std::size_t batch_limit_ = 0;
   SeqRing<Posted, kSeqWindow> posted_;
   // Closing before the sender heard where a grouped receive placed messages that came ahead:

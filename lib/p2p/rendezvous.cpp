@@ -42,6 +42,7 @@ void SendCommImpl::queue_ready_to_send(Request& r) {
 }
 
 void SendCommImpl::send_control_batch() {
+  ask_for_clearances();
   if (batch_.count == 0) return;
   if (closed_ || peer_gone()) {
     batch_.count = 0;

@@ -66,6 +66,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
                                       " requests already in flight; test some first");
   }
   const std::uint32_t seq = next_seq_++;
+  trail_ask(asked_until_, seq);
   r->part_count = 1;
   r->parts[0] = Part{.data = static_cast<std::byte*>(const_cast<void*>(data)),
                      .size = size,
@@ -76,13 +77,12 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   if (registration != nullptr) hold_region(r->parts[0], region);
   claim_outgoing(seq).send = r;
   if (group_known(seq)) {
-    place(*r);
+    r->parts[0].peer_seq = place(seq, tag);
     match(*r);
   } else {
     send_ahead_waiting();  // this one too, on a credit, unless older ones wait for credits
   }
   advance(*r);
-  if (r->parts[0].send == SendState::kSentAhead) collect_clearance(*r);
   request = r;
   lock.unlock();
   // Clear-to-sends batched on our receive lanes follow this message: the peer may be waiting
@@ -99,6 +99,10 @@ void SendCommImpl::advance(Request& r) {
     switch (part.send) {
       case SendState::kAwaitingClearance:
         send_ahead_waiting();  // a send ahead the provider pushed back
+        // Still waiting: its buffer may be one the receiver announces only when asked.
+        if (part.send == SendState::kAwaitingClearance && !seq_before(part.seq, asked_until_)) {
+          defer();
+        }
         break;
       case SendState::kEagerReady:
         post_eager(r);
@@ -160,14 +164,6 @@ void SendCommImpl::on_op(Request& r, std::size_t index, const ofi::Completion& c
   Part& part = r.parts[0];
   if (completion.status != Status::kOk) [[unlikely]]
     fail_send(r, completion);
-  if (part.send == SendState::kSentAhead) {
-    // Its clearance decides it; a failed send decides it now.
-    if (r.status != Status::kOk) {
-      part.status = r.status;
-      part.to(SendState::kFailed);
-    }
-    return;
-  }
   if (part.send == SendState::kEagerInFlight) {
     if (r.status == Status::kOk) {
       part.delivered = part.size;

@@ -37,9 +37,14 @@ class SendCommImpl final : public Comm {
 
   // By sequence number: the send posted with it (until it finished) and its buffer's
   // announcement, with the buffer's remote key on each of the lane's data rails as extras.
+  // A message sent ahead keeps its tag here: it may finish before its group is announced, and
+  // the sender still places it then, as the receiver did (p2p/group.hpp).
   struct Outgoing {
     Request* send = nullptr;
     Clearance clearance;
+    bool went_ahead = false;
+    bool placed = false;
+    Tag tag = 0;
   };
 
   // The buffer announced for sequence number `seq`, or the slot's other entry (compare .seq).
@@ -70,20 +75,28 @@ class SendCommImpl final : public Comm {
   // Whether every buffer of the group the buffer announced for `seq` belongs to is announced.
   [[nodiscard]] bool group_known(std::uint32_t seq) const noexcept;
   void settle_group(std::uint32_t seq);
-  void place(Request& request);
+  // The buffer of its group message `seq` with `tag` goes into (its sequence number).
+  std::uint32_t place(std::uint32_t seq, Tag tag);
   void match(Request& request);
+  // Asks the receiver to announce the buffers of messages waiting for their clear-to-send that
+  // no ask covers yet (the receiver leaves buffers an eager message can fill unannounced).
+  void ask_for_clearances();
   bool awaiting_clearance(std::uint32_t& oldest) const noexcept override;
   // eager.cpp
   [[nodiscard]] bool eager_fits(const Part& part) const noexcept;
   [[nodiscard]] bool injects(const Part& part) const noexcept;
   void post_eager(Request& request);
-  std::size_t fill_carrier(const Part& part);
+  // The carrier built for an inject: its length (0: none) and whether it holds the control
+  // message taken (else padding alone).
+  struct Carrier {
+    std::size_t length = 0;
+    bool carries_control = false;
+  };
+  Carrier fill_carrier(const Part& part);
   void send_ahead_waiting();
-  void collect_clearance(Request& request);
-  void settle_sent_ahead(Request& request);
   // rendezvous.cpp
   void queue_ready_to_send(Request& request);
-  void send_control_batch() override;  // the ready-to-sends
+  void send_control_batch() override;  // the asks for clearance and the ready-to-sends
   void post_stripes(Request& request);
   // A stripe's post failed: retried after progress (kRetry), else the send fails (break_off).
   void break_or_retry(Request& request, ofi::Rail& rail, Status status);
@@ -103,6 +116,10 @@ class SendCommImpl final : public Comm {
   SeqRing<Outgoing, kSeqWindow> outgoing_;
   // Below this sequence number no entry is used any more (see in_flight_floor).
   std::uint32_t floor_ = 0u - static_cast<std::uint32_t>(kMaxParts - 1);
+  std::uint32_t asked_until_ = 0;  // messages before it are covered by an AskClearance sent
+  // kArmed: a message waits unasked since the last deferred run; the next one asks.
+  enum class AskState : std::uint8_t { kNone, kArmed };
+  AskState ask_ = AskState::kNone;
   std::uint32_t writes_posted_ = 0;  // every write posted (the close notice says it)
   ReadyToSend batch_;                // ready-to-sends not sent yet
   std::vector<Request*> batched_;    // the requests they belong to

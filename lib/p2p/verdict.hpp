@@ -2,6 +2,9 @@
 // message against the clear-to-send; the receiver judges the ready-to-send (or a write that
 // fills the buffer) against its buffer. Both hold the same facts, so both reach the same
 // verdict, and a refused message ends with the same status on both sides with no payload sent.
+// A message sent ahead on a credit, before its buffer's clear-to-send, is judged by the
+// receiver alone: its send finished when it left (as an MPI or NCCL send does), and only the
+// receive reports a refusal.
 #pragma once
 
 #include <cstdint>

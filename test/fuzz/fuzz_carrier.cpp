@@ -22,15 +22,18 @@ void check_decode(std::span<const std::byte> in) {
   require(carried.message.data() == in.data() + carried.payload_length,
           "the control message follows the payload");
   require(carried.message.size() <= kMaxCarriedControl, "the control message is bounded");
+  if (carried.message.empty()) return;  // padding alone
   const auto header = decode_control_header(carried.message);
   require(header && kControlHeaderBytes + header->length == carried.message.size(),
           "the control header covers the carried message");
 }
 
-// payload | header + body | padding | trailer, built from the input: decodes back to its parts,
-// and a message one byte shorter does not decode to the same control message.
+// payload | header + body | padding | trailer, built from the input (or payload | padding |
+// trailer, padding alone): decodes back to its parts, and a message one byte shorter does not
+// decode to the same control message.
 void check_encode(loom::fuzz::ByteSource& source) {
   const std::size_t payload = source.take<std::uint16_t>() % 5000;
+  const bool padding_alone = source.u8() % 4 == 0;
   const std::size_t body = source.take<std::uint16_t>() % (kMaxCarriedControl + 8);
   const std::uint64_t lane = source.take<std::uint64_t>();
   const std::size_t padding = source.u8() % 2 == 0 ? 0 : source.take<std::uint16_t>() % 300;
@@ -39,10 +42,12 @@ void check_encode(loom::fuzz::ByteSource& source) {
                              .length = static_cast<std::uint16_t>(body)};
   std::vector<std::byte> message = source.bytes(payload);
   const std::size_t at = message.size();
-  message.resize(at + kControlHeaderBytes + body + padding + kCarrierTrailerBytes);
-  require(encode_control_header({message.data() + at, kControlHeaderBytes}, header),
-          "the header fits");
-  const std::size_t control = kControlHeaderBytes + body;
+  const std::size_t control = padding_alone ? 0 : kControlHeaderBytes + body;
+  message.resize(at + control + padding + kCarrierTrailerBytes);
+  if (!padding_alone) {
+    require(encode_control_header({message.data() + at, kControlHeaderBytes}, header),
+            "the header fits");
+  }
   const bool ok = encode_carrier_trailer(
       {message.data() + at + control + padding, kCarrierTrailerBytes}, lane, control, padding);
   require(ok == (control <= kMaxCarriedControl && padding <= kMaxCarrierPadding),

@@ -135,6 +135,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     loom::fuzz::require(n == in.size() && std::equal(out, out + n, in.begin()),
                         "a decoded ping re-encodes to the same bytes");
   }
+  AskClearance ask;
+  if (decode_ask_clearance(in, ask) == nullptr) {
+    std::byte out[kAskClearanceBytes];
+    const std::size_t n = encode_ask_clearance(ask, out);
+    loom::fuzz::require(n == in.size() && std::equal(out, out + n, in.begin()),
+                        "a decoded ask for clearance re-encodes to the same bytes");
+    loom::fuzz::require(ask.until - ask.from <= kAskSpan, "an ask spans at most kAskSpan");
+  }
   const std::size_t close_expected = close_notice_bytes(close.span);
   loom::fuzz::check_encode(close, close_fits(close), close_expected,
                            loom::fuzz::make_room(source, close_expected), decode_close,

@@ -175,9 +175,22 @@ std::vector<Seed> seeds() {
     s.push_back(
         {padding == 0 ? "carrier/cts-after-8-bytes" : "carrier/cts-after-8-bytes-padded", carrier});
   }
+  // 8 payload bytes padded as tcp pads a small message with nothing to carry.
+  Bytes padded(8 + 234 + loom::mux::kCarrierTrailerBytes);
+  for (std::size_t i = 0; i < 8; ++i) padded[i] = std::byte(i + 1);
+  loom::mux::encode_carrier_trailer(
+      {padded.data() + padded.size() - loom::mux::kCarrierTrailerBytes,
+       loom::mux::kCarrierTrailerBytes},
+      0, 0, 234);
+  s.push_back({"carrier/padding-alone", padded});
   s.push_back({"control_header/ping-awaiting",
                control(static_cast<std::uint8_t>(MessageType::kPing),
                        encoded(Ping{.awaiting = true, .oldest_awaiting = 77}, encode_ping))});
+  s.push_back({"control_header/ask-clearance",
+               control(static_cast<std::uint8_t>(MessageType::kAskClearance),
+                       encoded(AskClearance{.from = 70, .until = 78}, encode_ask_clearance))});
+  s.push_back({"cts_rts/ask-clearance",
+               encoded(AskClearance{.from = 0xFFFFFFF0u, .until = 4}, encode_ask_clearance)});
 
   auto descriptor = [](std::uint8_t rails) {
     RegionDescriptor d{.context = 0x1122334455667788,

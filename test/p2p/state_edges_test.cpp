@@ -7,9 +7,11 @@
 // The scenarios and the edges only they, or they first, take (S send, R receive, T ready-to-send):
 // - eager: a first message, which waits for its clear-to-send (S awaiting clearance -> eager
 //   ready -> done; with LOOM_INJECT_MAX=0 -> eager in flight -> done); later ones sent ahead on a
-//   credit (S -> sent ahead -> done), received into a buffer posted after they came (R announced
-//   -> arrived -> done) or before (R cleared -> done); a wrong tag and a buffer too small, sent
-//   ahead (S sent ahead -> failed, R arrived -> failed).
+//   credit and done when they left (S awaiting clearance -> done, or -> eager in flight), received
+//   into a quiet buffer posted after they came or before (R awaiting post -> quiet -> done); a
+//   wrong tag into an announced buffer (R announced -> arrived -> failed) and a buffer too small
+//   (R quiet -> failed), sent ahead: only the receiver fails; a message above the eager size
+//   asking for its quiet buffer's announcement (R quiet -> to announce).
 // - rendezvous: a message that fills its buffer (S -> writing -> done, R cleared -> writing ->
 //   done), one smaller (T not needed -> wanted -> batched -> sent, R cleared -> writes ahead ->
 //   writing), one too large and one with a wrong tag (S -> failing -> failed, R cleared ->
@@ -18,8 +20,8 @@
 // - flush (Config::force_flush, ten data rails: two waves of reads): R awaiting post ->
 //   flushing -> done; closed at once on a new pair, whose first read the provider pushes back
 //   (R awaiting post -> failed); closed with its second wave in flight (R flushing -> failed).
-// - in-flight: a message sent ahead whose send completes after its clear-to-send came (S sent
-//   ahead -> eager in flight), then the sender closes (S eager in flight -> failed).
+// - in-flight: a message sent ahead whose send completes after its clear-to-send came (S
+//   awaiting clearance -> eager in flight), then the sender closes (S eager in flight -> failed).
 // - the sender closes as the clear-to-sends of three messages arrive: it matches them, posts
 //   nothing (S eager ready -> failed, T wanted -> dropped, S writing -> failed); and right after
 //   the writes of a message left, its ready-to-send still batched (S writing -> failing ->
@@ -269,14 +271,27 @@ void eager(bool inject) {
   r = p.irecv(kSmall);
   p.finish_send(s);
   p.finish_recv(r);
-  // Refused, sent ahead: a wrong tag, a buffer too small.
+  // Refused, sent ahead: a wrong tag, a buffer too small. The receiver alone judges a message
+  // sent ahead: its send finished when it left.
   s = p.isend(kSmall, kOtherTag);
   let_background_run();
   r = p.irecv(kSmall);
-  p.finish_send(s, {Status::kInvalid});
+  p.finish_send(s);
   p.finish_recv(r, {Status::kInvalid});
+  // Into a buffer above the eager size, announced: it arrived before the batch left.
+  s = p.isend(kSmall, kOtherTag);
+  let_background_run();
+  r = p.irecv(kLarge);
+  p.finish_send(s);
+  p.finish_recv(r, {Status::kInvalid});
+  r = p.irecv(kSmall / 10);  // quiet: the message fills it or fails there
   s = p.isend(kSmall);
-  r = p.irecv(kSmall / 10);
+  p.finish_send(s);
+  p.finish_recv(r, {Status::kTruncated});
+  // No credit for a message larger than the eager size: it asks for its quiet buffer's
+  // announcement and is refused by the sender too, before anything is written.
+  r = p.irecv(kSmall);
+  s = p.isend(kLarge);
   p.finish_send(s, {Status::kTruncated});
   p.finish_recv(r, {Status::kTruncated});
 }
@@ -361,6 +376,10 @@ void sender_closes_as_clearances_arrive() {
                 p.isend(kLarge);
                 p.isend(kSmall);
                 p.isend(kLarge);
+                // The sender's ask for their clearances arrives first (it asks at its lane's
+                // second progress): the small buffers are announced, not left quiet.
+                let_background_run();
+                let_background_run();
                 const Request r0 = p.irecv(kSmall);
                 const Request r1 = p.irecv(kSmall);
                 const Request r2 = p.irecv(2 * kLarge);  // the batch leaves: above the eager size
@@ -406,7 +425,7 @@ void eager_in_flight() {
   Config config = edge_config();
   config.inject_max = 0;
   config.peer_isolation = false;
-  until_taken({edge(SendState::kSentAhead, SendState::kEagerInFlight),
+  until_taken({edge(SendState::kAwaitingClearance, SendState::kEagerInFlight),
                edge(SendState::kEagerInFlight, SendState::kFailed)},
               5, "a send ahead in flight when its clear-to-send comes", [&] {
                 Pair p(config, kHuge, 2 * kHuge);
@@ -417,7 +436,8 @@ void eager_in_flight() {
                 const Request s1 = p.isend(kMedium);  // ahead, on a credit
                 const Request r1 = p.irecv(kLarge);   // its clear-to-send leaves at once
                 bool done = false;
-                const Edge in_flight = edge(SendState::kSentAhead, SendState::kEagerInFlight);
+                const Edge in_flight =
+                    edge(SendState::kAwaitingClearance, SendState::kEagerInFlight);
                 for (int i = 0; i < 1000 && !done && !taken(in_flight); ++i) {
                   (void)test_once(*p.out, s1, done, {});
                 }

@@ -57,6 +57,8 @@ def test_read_only_and_non_contiguous_receive_buffers_are_refused(pair):
 
 
 def test_too_small_a_buffer_fails_on_both_sides(pair):
+    """The first message of a connection waits for its buffer's announcement (no credit yet):
+    the sender judges it too."""
     _, _, out, into = pair
     small = bytearray(10)
     receive = into.irecv(small, 4)
@@ -68,6 +70,25 @@ def test_too_small_a_buffer_fails_on_both_sides(pair):
         assert "larger than" in failure.value.message
         assert request.status == loom.Status.TRUNCATED
     assert small == bytearray(10)  # nothing written
+
+
+def test_a_small_message_sent_ahead_is_judged_by_its_receiver_alone(pair):
+    """Once credits are out a small message goes ahead of its buffer's announcement, and its
+    send is done once it left, as an MPI or NCCL send is: only the receive fails."""
+    _, _, out, into = pair
+    first = bytearray(8)
+    assert loom.wait_all([into.irecv(first, 1), out.isend(b"abcdefgh", 1)], timeout=30)
+    small = bytearray(10)
+    receive = into.irecv(small, 4)
+    send = out.isend(np.arange(100, dtype=np.uint8), 4)
+    send.wait(timeout=30)
+    assert send.status == loom.Status.OK
+    with pytest.raises(loom.TruncatedError, match="larger than"):
+        receive.wait(timeout=30)
+    assert small == bytearray(10)  # nothing written
+    after = bytearray(3)
+    assert loom.wait_all([into.irecv(after, 5), out.isend(b"xyz", 5)], timeout=30)
+    assert after == bytearray(b"xyz")
 
 
 def test_too_many_buffers_or_requests(pair):

@@ -1,0 +1,241 @@
+// Quiet receives (lib/p2p/clear_to_send.cpp): a buffer only an eager message can fill is not
+// announced while its sender holds credits. A ping-pong of small messages then costs one
+// provider message per message (no clear-to-send per receive, credits granted in bulk); a sender
+// whose message cannot go ahead asks for the announcements it needs; a message sent ahead is
+// judged by its receiver alone.
+#include <cstdio>
+
+#include <catch2/catch.hpp>
+
+#include "support/p2p_pair.hpp"
+
+namespace loom::test {
+namespace {
+
+constexpr std::size_t kSlot = 8192;
+
+std::uint64_t seed_of(std::size_t round, int side) {
+  return 90000 + round * 7 + static_cast<std::uint64_t>(side);
+}
+
+// One side of a ping-pong of `size`-byte messages over `rounds` rounds: `starts` sends first.
+// Each message has its own pattern, checked on arrival. Returns the receiving communicator's
+// stats and the sending one's.
+std::pair<CommStats, CommStats> ping_pong(SendComm& out, RecvComm& in, bool starts,
+                                          std::size_t size, std::size_t rounds) {
+  std::vector<std::byte> send_buffer(size), recv_buffer(size);
+  MemoryRegion send_region = out.register_memory(send_buffer.data(), size);
+  MemoryRegion recv_region = in.register_memory(recv_buffer.data(), size);
+  const int me = starts ? 0 : 1;
+  for (std::size_t round = 0; round < rounds; ++round) {
+    Request receive;
+    RecvBuffer target{recv_buffer.data(), size, 5, recv_region};
+    require(post_into(in.irecv({&target, 1}), receive) == Status::kOk, in.last_error());
+    auto send = [&] {
+      fill_pattern(send_buffer, seed_of(round, me));
+      Request request;
+      require(
+          post_into(out.isend(send_buffer.data(), size, 5, send_region), request) == Status::kOk,
+          out.last_error());
+      finish(out, request);
+    };
+    if (starts) send();
+    require(finish(in, receive) == size, "round " + std::to_string(round) + ": wrong size");
+    const std::string wrong = check_pattern(recv_buffer, seed_of(round, 1 - me));
+    require(wrong.empty(), "round " + std::to_string(round) + ": " + wrong);
+    if (!starts) send();
+  }
+  out.deregister(send_region);
+  in.deregister(recv_region);
+  return {in.stats(), out.stats()};
+}
+
+TEST_CASE("p2p a ping-pong of small messages sends no clear-to-send per message", "[quiet]") {
+  constexpr std::size_t kWarm = 20, kRounds = 400;
+  auto side = [&](bool listens, Channel& channel) {
+    Context context(test_config());
+    std::unique_ptr<SendComm> out;
+    std::unique_ptr<RecvComm> in;
+    if (listens) {
+      Listener listener = context.listen();
+      send_handle(channel, listener.handle());
+      in = accept_one(listener);
+      out = connect_one(context, recv_handle(channel));
+    } else {
+      out = connect_one(context, recv_handle(channel));
+      Listener listener = context.listen();
+      send_handle(channel, listener.handle());
+      in = accept_one(listener);
+    }
+    const CloseOnUnwind guard{out.get(), in.get()};
+    for (const std::size_t size : {std::size_t{8}, std::size_t{256}, std::size_t{1000}}) {
+      // The first rounds grant credits (the first receive is announced: no credit is out).
+      ping_pong(*out, *in, listens, size, kWarm);
+      const CommStats in_before = in->stats(), out_before = out->stats();
+      const auto [in_after, out_after] = ping_pong(*out, *in, listens, size, kRounds);
+      const std::uint64_t clear_to_sends =
+          in_after.cts_sent + in_after.cts_carried - in_before.cts_sent - in_before.cts_carried;
+      const std::uint64_t asks = out_after.asks_sent - out_before.asks_sent;
+      const std::uint64_t eager = out_after.eager - out_before.eager;
+      if (listens) {
+        std::fprintf(stderr, "%zu B: %llu clear-to-send batches, %llu asks, %llu of %zu ahead\n",
+                     size, static_cast<unsigned long long>(clear_to_sends),
+                     static_cast<unsigned long long>(asks), static_cast<unsigned long long>(eager),
+                     kRounds);
+      }
+      // Credits come back in bulk: a batch per half the credits (8 on tcp, 32 on shm).
+      require(clear_to_sends <= kRounds / 4,
+              std::to_string(size) + " B: " + std::to_string(clear_to_sends) +
+                  " clear-to-send batches for " + std::to_string(kRounds) + " messages");
+      require(asks <= kRounds / 20, std::to_string(size) + " B: " + std::to_string(asks) +
+                                        " asks for " + std::to_string(kRounds) + " messages");
+      require(eager == kRounds, std::to_string(size) + " B: " + std::to_string(eager) +
+                                    " messages sent ahead of " + std::to_string(kRounds));
+    }
+    channel.barrier();
+  };
+  const std::string failure =
+      run_pair([&](Channel& c) { side(true, c); }, [&](Channel& c) { side(false, c); });
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+// The receiver posts its small buffers first (quiet: within the eager size, credits out). The
+// sender holds two credits and sends nothing above 1 KiB eagerly: small messages go ahead as
+// credits allow, the others ask for their buffers' announcements and are written; every byte
+// checked.
+TEST_CASE("p2p a sender that cannot send ahead asks for the announcements of quiet buffers",
+          "[quiet]") {
+  constexpr std::size_t kMessages = 24;
+  auto size_of = [](std::size_t k) { return 100 + (k * 331) % 2900; };
+  Config config = test_config();
+  config.eager_credits = 2;
+  Config sender_config = config;
+  sender_config.eager_max = 1024;
+  auto receiver = [&](Channel& channel) {
+    Context context(config);
+    Listener listener = context.listen();
+    send_handle(channel, listener.handle());
+    auto in = accept_one(listener);
+    const CloseOnUnwind guard{in.get()};
+    std::vector<std::byte> slab((kMessages + 1) * kSlot);
+    MemoryRegion region = in->register_memory(slab.data(), slab.size());
+    // The first message grants the credits.
+    RecvBuffer first{slab.data(), kSlot, 1, region};
+    Request request;
+    require(post_into(in->irecv({&first, 1}), request) == Status::kOk, in->last_error());
+    require(finish(*in, request) == 64, "first message");
+    std::vector<Request> receives;
+    for (std::size_t k = 1; k <= kMessages; ++k) {
+      RecvBuffer target{slab.data() + k * kSlot, 3000, Tag(k), region};
+      require(post_into(in->irecv({&target, 1}), request) == Status::kOk, in->last_error());
+      receives.push_back(request);
+    }
+    channel.send_value(1);
+    for (std::size_t k = 1; k <= kMessages; ++k) {
+      require(finish(*in, receives[k - 1]) == size_of(k), "message " + std::to_string(k));
+      const std::string wrong = check_pattern({slab.data() + k * kSlot, size_of(k)}, 500 + k);
+      require(wrong.empty(), "message " + std::to_string(k) + ": " + wrong);
+    }
+    channel.barrier();
+  };
+  auto sender = [&](Channel& channel) {
+    Context context(sender_config);
+    auto out = connect_one(context, recv_handle(channel));
+    const CloseOnUnwind guard{out.get()};
+    std::vector<std::byte> slab((kMessages + 1) * kSlot);
+    for (std::size_t k = 1; k <= kMessages; ++k) {
+      fill_pattern({slab.data() + k * kSlot, size_of(k)}, 500 + k);
+    }
+    MemoryRegion region = out->register_memory(slab.data(), slab.size());
+    Request request;
+    require(post_into(out->isend(slab.data(), 64, 1, region), request) == Status::kOk,
+            out->last_error());
+    finish(*out, request);
+    require(channel.recv_value<int>() == 1, "receiver out of step");
+    const CommStats before = out->stats();
+    std::vector<Request> sends;
+    for (std::size_t k = 1; k <= kMessages; ++k) {
+      require(post_into(out->isend(slab.data() + k * kSlot, size_of(k), Tag(k), region), request) ==
+                  Status::kOk,
+              out->last_error());
+      sends.push_back(request);
+    }
+    for (const Request& send : sends) finish(*out, send);
+    const CommStats after = out->stats();
+    require(after.asks_sent > before.asks_sent, "no ask for the quiet buffers");
+    require(after.eager + after.rendezvous - before.eager - before.rendezvous == kMessages,
+            "every message went eagerly or by write");
+    std::size_t above = 0;
+    for (std::size_t k = 1; k <= kMessages; ++k) above += size_of(k) > 1024 ? 1 : 0;
+    require(after.rendezvous - before.rendezvous >= above,
+            "a message above the sender's eager limit went eagerly");
+    channel.barrier();
+  };
+  const std::string failure = run_pair(receiver, sender);
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+// A message sent ahead into a buffer too small for it: its send is done once it left, the
+// receive fails (kTruncated) with its buffer untouched, and the next message goes through.
+TEST_CASE("p2p the receiver alone judges a message sent ahead", "[quiet]") {
+  auto receiver = [&](Channel& channel) {
+    Context context(test_config());
+    Listener listener = context.listen();
+    send_handle(channel, listener.handle());
+    auto in = accept_one(listener);
+    const CloseOnUnwind guard{in.get()};
+    std::vector<std::byte> slab(2 * kSlot);
+    MemoryRegion region = in->register_memory(slab.data(), slab.size());
+    // The first message is announced, and the credits granted with it.
+    RecvBuffer first{slab.data(), kSlot, 1, region};
+    Request request;
+    require(post_into(in->irecv({&first, 1}), request) == Status::kOk, in->last_error());
+    require(finish(*in, request) == 64, "first message");
+    std::byte* small = slab.data() + kSlot;
+    RecvBuffer too_small{small, 100, 7, region};
+    require(post_into(in->irecv({&too_small, 1}), request) == Status::kOk, in->last_error());
+    channel.send_value(1);
+    finish(*in, request, Status::kTruncated);
+    require(in->last_error().find("100") != std::string::npos,
+            "the truncation does not name the buffer's size: " + in->last_error());
+    for (std::size_t b = 0; b < kSlot; ++b) {
+      require(small[b] == std::byte{0}, "the refused message wrote into its buffer");
+    }
+    RecvBuffer next{small, kSlot, 8, region};
+    require(post_into(in->irecv({&next, 1}), request) == Status::kOk, in->last_error());
+    require(finish(*in, request) == 2000, "the message after the refused one");
+    require(check_pattern({small, 2000}, 808).empty(), "the message after the refused one");
+    channel.barrier();
+  };
+  auto sender = [&](Channel& channel) {
+    Context context(test_config());
+    auto out = connect_one(context, recv_handle(channel));
+    const CloseOnUnwind guard{out.get()};
+    std::vector<std::byte> slab(kSlot);
+    MemoryRegion region = out->register_memory(slab.data(), slab.size());
+    Request request;
+    require(post_into(out->isend(slab.data(), 64, 1, region), request) == Status::kOk,
+            out->last_error());
+    finish(*out, request);
+    require(channel.recv_value<int>() == 1, "receiver out of step");
+    const std::uint64_t eager = out->stats().eager;
+    fill_pattern({slab.data(), 3000}, 707);
+    require(post_into(out->isend(slab.data(), 3000, 7, region), request) == Status::kOk,
+            out->last_error());
+    require(out->stats().eager == eager + 1, "the message did not go ahead on a credit");
+    finish(*out, request);  // done once it left
+    fill_pattern({slab.data(), 2000}, 808);
+    require(post_into(out->isend(slab.data(), 2000, 8, region), request) == Status::kOk,
+            out->last_error());
+    finish(*out, request);
+    channel.barrier();
+  };
+  const std::string failure = run_pair(receiver, sender);
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+}  // namespace
+}  // namespace loom::test
