@@ -5,11 +5,12 @@
 // except one sent ahead, which the receiver alone judges and drops.
 //
 // A buffer that only an eager message can fill (one buffer, within the eager size, while the
-// sender holds credits) is not announced at once: the message usually comes ahead on a credit
-// and finishes it, so a small message costs one provider message, as a ping-pong of the
-// provider's own does. A sender whose message cannot go ahead (no credit, or larger than the
-// eager size) asks (AskClearance) for the buffers of the messages it holds; the receiver then
-// announces those, and those posted later up to where the ask reached.
+// sender holds a credit for it: no more such buffers than credits out) is not announced at once:
+// the message usually comes ahead on a credit and finishes it, so a small message costs one
+// provider message, as a ping-pong of the provider's own does. A sender whose message cannot go
+// ahead (no credit, or larger than the eager size) asks (AskClearance) for the buffers of the
+// messages it holds; the receiver then announces those, and those posted later up to where the ask
+// reached.
 #include <algorithm>
 #include <array>
 #include <cassert>
@@ -68,9 +69,11 @@ void RecvCommImpl::announce(Request& r) {
   if (!held_.empty() && r.part_count > 1) place_ahead(r);
 }
 
+// Buffers beyond the sender's credits are announced: their messages could not come ahead, and
+// would ask for it (a window of small receives deeper than the credits).
 bool RecvCommImpl::may_stay_quiet(const Request& r, const Part& part) const noexcept {
   return r.part_count == 1 && pool_ != nullptr && part.size <= eager_size_ &&
-         part.status == Status::kOk && credits_out_ + credits_to_grant_ != 0 &&
+         part.status == Status::kOk && quiet_parts_ < credits_out_ &&
          !seq_before(part.seq, asked_until_);
 }
 
@@ -96,6 +99,7 @@ void RecvCommImpl::announce_quiet(std::uint32_t from, std::uint32_t until) {
         r->parts[ref.part].recv != RecvState::kQuiet) {
       continue;
     }
+    --quiet_parts_;
     r->parts[ref.part].to(RecvState::kToAnnounce);
     announce(*r);
   }

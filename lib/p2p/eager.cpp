@@ -373,6 +373,7 @@ void RecvCommImpl::deliver(Request& r, Part& part, const Held& held) {
   pool_->release(held.buffer);
   promise_credits();
   if (part.recv == RecvState::kCleared || part.recv == RecvState::kQuiet) {
+    if (part.recv == RecvState::kQuiet) --quiet_parts_;
     part.to(part.status == Status::kOk ? RecvState::kDone : RecvState::kFailed);
   } else {
     part.to(RecvState::kArrived);  // reported once the batch announcing it left

@@ -174,6 +174,7 @@ void RecvCommImpl::advance(Request& r) {
     Part& part = r.parts[i];
     if (part.recv == RecvState::kAwaitingPost) {
       if (may_stay_quiet(r, part)) {
+        ++quiet_parts_;
         part.to(RecvState::kQuiet);
         if (!held_.empty()) deliver_held(r, part);
         continue;
@@ -196,6 +197,7 @@ void RecvCommImpl::fail_part(Request& r, Part& part, Status status) {
     return;
   }
   part.status = status;
+  if (part.recv == RecvState::kQuiet) --quiet_parts_;
   if (r.kind == RequestKind::kFlush) {
     r.stripes = r.stripes_posted;  // no further reads; those posted complete and decide it
     if (r.ops_outstanding == 0) part.to(RecvState::kFailed);

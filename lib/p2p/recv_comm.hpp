@@ -124,6 +124,7 @@ class RecvCommImpl final : public Comm {
   std::size_t max_credits_ = 0;
   std::size_t credits_out_ = 0;
   std::size_t credits_to_grant_ = 0;
+  std::size_t quiet_parts_ = 0;  // in kQuiet: at most credits_out_ (may_stay_quiet)
   std::vector<Held> held_;
   // What closing waits for (writes_may_arrive). kNone: no write can come. kAwaitingCount: the
   // sender was told of a buffer this side did not finish, and has not said yet how many writes
