@@ -18,6 +18,20 @@ std::uint64_t seed_of(std::size_t round, int side) {
   return 90000 + round * 7 + static_cast<std::uint64_t>(side);
 }
 
+// The first message of a connection, 64 bytes with tag 1: its receive is announced (no credit
+// is out yet), and the credits are granted with it.
+void send_first(SendComm& out, std::byte* data, const MemoryRegion& region) {
+  Request request;
+  require(post_into(out.isend(data, 64, 1, region), request) == Status::kOk, out.last_error());
+  finish(out, request);
+}
+void receive_first(RecvComm& in, std::byte* data, const MemoryRegion& region) {
+  RecvBuffer first{data, kSlot, 1, region};
+  Request request;
+  require(post_into(in.irecv({&first, 1}), request) == Status::kOk, in.last_error());
+  require(finish(in, request) == 64, "first message");
+}
+
 // One side of a ping-pong of `size`-byte messages over `rounds` rounds: `starts` sends first.
 // Each message has its own pattern, checked on arrival. Returns the receiving communicator's
 // stats and the sending one's.
@@ -121,11 +135,8 @@ TEST_CASE("p2p a sender that cannot send ahead asks for the announcements of qui
     const CloseOnUnwind guard{in.get()};
     std::vector<std::byte> slab((kMessages + 1) * kSlot);
     MemoryRegion region = in->register_memory(slab.data(), slab.size());
-    // The first message grants the credits.
-    RecvBuffer first{slab.data(), kSlot, 1, region};
+    receive_first(*in, slab.data(), region);
     Request request;
-    require(post_into(in->irecv({&first, 1}), request) == Status::kOk, in->last_error());
-    require(finish(*in, request) == 64, "first message");
     std::vector<Request> receives;
     for (std::size_t k = 1; k <= kMessages; ++k) {
       RecvBuffer target{slab.data() + k * kSlot, 3000, Tag(k), region};
@@ -149,12 +160,10 @@ TEST_CASE("p2p a sender that cannot send ahead asks for the announcements of qui
       fill_pattern({slab.data() + k * kSlot, size_of(k)}, 500 + k);
     }
     MemoryRegion region = out->register_memory(slab.data(), slab.size());
-    Request request;
-    require(post_into(out->isend(slab.data(), 64, 1, region), request) == Status::kOk,
-            out->last_error());
-    finish(*out, request);
+    send_first(*out, slab.data(), region);
     require(channel.recv_value<int>() == 1, "receiver out of step");
     const CommStats before = out->stats();
+    Request request;
     std::vector<Request> sends;
     for (std::size_t k = 1; k <= kMessages; ++k) {
       require(post_into(out->isend(slab.data() + k * kSlot, size_of(k), Tag(k), region), request) ==
@@ -189,11 +198,8 @@ TEST_CASE("p2p the receiver alone judges a message sent ahead", "[quiet]") {
     const CloseOnUnwind guard{in.get()};
     std::vector<std::byte> slab(2 * kSlot);
     MemoryRegion region = in->register_memory(slab.data(), slab.size());
-    // The first message is announced, and the credits granted with it.
-    RecvBuffer first{slab.data(), kSlot, 1, region};
+    receive_first(*in, slab.data(), region);
     Request request;
-    require(post_into(in->irecv({&first, 1}), request) == Status::kOk, in->last_error());
-    require(finish(*in, request) == 64, "first message");
     std::byte* small = slab.data() + kSlot;
     RecvBuffer too_small{small, 100, 7, region};
     require(post_into(in->irecv({&too_small, 1}), request) == Status::kOk, in->last_error());
@@ -216,12 +222,10 @@ TEST_CASE("p2p the receiver alone judges a message sent ahead", "[quiet]") {
     const CloseOnUnwind guard{out.get()};
     std::vector<std::byte> slab(kSlot);
     MemoryRegion region = out->register_memory(slab.data(), slab.size());
-    Request request;
-    require(post_into(out->isend(slab.data(), 64, 1, region), request) == Status::kOk,
-            out->last_error());
-    finish(*out, request);
+    send_first(*out, slab.data(), region);
     require(channel.recv_value<int>() == 1, "receiver out of step");
     const std::uint64_t eager = out->stats().eager;
+    Request request;
     fill_pattern({slab.data(), 3000}, 707);
     require(post_into(out->isend(slab.data(), 3000, 7, region), request) == Status::kOk,
             out->last_error());
