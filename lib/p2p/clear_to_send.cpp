@@ -321,9 +321,9 @@ void SendCommImpl::settle_group(std::uint32_t seq) {
     const bool in_flight =
         r != nullptr && r->in_use() && r->kind == RequestKind::kSend && r->parts[0].seq == message;
     Outgoing* outgoing = outgoing_.find(message);
-    if (outgoing != nullptr && outgoing->went_ahead) {
-      if (outgoing->placed) continue;
-      outgoing->placed = true;
+    if (outgoing != nullptr && outgoing->ahead != Ahead::kNo) {
+      if (outgoing->ahead == Ahead::kPlaced) continue;
+      outgoing->ahead = Ahead::kPlaced;
       const std::uint32_t buffer = place(message, outgoing->tag);
       if (in_flight) r->parts[0].peer_seq = buffer;
       continue;
@@ -376,6 +376,10 @@ bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {
 // still waiting at the next run asks.
 void SendCommImpl::ask_for_clearances() {
   if (closed_ || peer_gone()) return;
+  if (!seq_before(asked_until_, next_seq_)) {  // every message posted is asked for: no scan
+    ask_ = AskState::kNone;
+    return;
+  }
   bool any = false;
   std::uint32_t from = next_seq_;
   for (const Request& r : requests_.in_use(RequestKind::kSend)) {

@@ -77,7 +77,7 @@ void SendCommImpl::post_eager(Request& r) {
       --credits_;
       ++stats_.eager;
       if (Outgoing* outgoing = outgoing_.find(part.seq)) {
-        outgoing->went_ahead = true;
+        outgoing->ahead = Ahead::kUnplaced;
         outgoing->tag = part.tag;
       }
     }
@@ -106,8 +106,7 @@ void SendCommImpl::post_eager(Request& r) {
 // in held_control_ until an inject carries it: back-pressure must not lose it.
 SendCommImpl::Carrier SendCommImpl::fill_carrier(const Part& part) {
   const std::size_t limit = std::min(inject_size_, eager_size_);
-  const bool pads = min_carrier_ != 0 && min_carrier_ <= limit &&
-                    part.size + mux::kCarrierTrailerBytes < min_carrier_;
+  const bool pads = min_carrier_ <= limit && part.size + mux::kCarrierTrailerBytes < min_carrier_;
   std::size_t control = 0;
   const std::size_t overhead = mux::kCarrierTrailerBytes + mux::kControlHeaderBytes;
   if (carry_control_ && part.size + overhead < limit) {
@@ -132,7 +131,7 @@ SendCommImpl::Carrier SendCommImpl::fill_carrier(const Part& part) {
   if (control != 0) std::memcpy(carrier.data() + part.size, held_control_.data(), control);
   std::size_t end = part.size + control;
   std::size_t padding = 0;
-  if (end + mux::kCarrierTrailerBytes < min_carrier_ && min_carrier_ <= limit) {
+  if (pads && end + mux::kCarrierTrailerBytes < min_carrier_) {
     padding = std::min(min_carrier_ - end - mux::kCarrierTrailerBytes, mux::kMaxCarrierPadding);
     std::memset(carrier.data() + end, 0, padding);
     end += padding;

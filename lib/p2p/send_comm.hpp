@@ -39,12 +39,12 @@ class SendCommImpl final : public Comm {
   // announcement, with the buffer's remote key on each of the lane's data rails as extras.
   // A message sent ahead keeps its tag here: it may finish before its group is announced, and
   // the sender still places it then, as the receiver did (p2p/group.hpp).
+  enum class Ahead : std::uint8_t { kNo, kUnplaced, kPlaced };
   struct Outgoing {
     Request* send = nullptr;
     Clearance clearance;
-    bool went_ahead = false;
-    bool placed = false;
-    Tag tag = 0;
+    Ahead ahead = Ahead::kNo;
+    Tag tag = 0;  // kUnplaced: the message's
   };
 
   // The buffer announced for sequence number `seq`, or the slot's other entry (compare .seq).
