@@ -52,11 +52,7 @@ bool EagerPool::post(std::uint32_t buffer) {
 }
 
 void EagerPool::release(std::uint32_t buffer) {
-  if (!post(buffer)) {
-    reposts_.push_back(buffer);
-    return;
-  }
-  sink_->on_eager_released();
+  reposts_.push_back(buffer);
 }
 
 std::size_t EagerPool::promise(std::size_t wanted, std::size_t held, std::size_t comms) noexcept {

@@ -75,7 +75,10 @@ class EagerPool final : ofi::CompletionHandler {
   [[nodiscard]] const std::byte* data(std::uint32_t buffer) const noexcept {
     return memory_.get() + std::size_t{buffer} * buffer_size_;
   }
-  // The communicator is done with the buffer: posted again (now, or at retry()).
+  // The communicator is done with the buffer: posted again at retry(), which the lane runs at
+  // its next progress before reading its CQs. Not now: the release comes while a message is
+  // handed to its receive, and a repost there (a provider call, shm's queue lock) would delay
+  // every message's delivery to the user, and so the reply it waits to send.
   void release(std::uint32_t buffer);
 
   // Up to `wanted` new credits for a communicator that holds `held` (promised, not spent)
@@ -86,7 +89,8 @@ class EagerPool final : ofi::CompletionHandler {
   // A closing communicator's unspent credits: promised until the timeout, since its sender may
   // have sent on them.
   void forget(std::size_t credits);
-  // Posts again what the provider refused, and frees the promises whose time is up.
+  // Posts again what was released and what the provider refused, and frees the promises whose
+  // time is up.
   void retry();
 
   [[nodiscard]] std::size_t posted() const noexcept { return posted_; }
@@ -118,7 +122,7 @@ class EagerPool final : ofi::CompletionHandler {
   std::chrono::milliseconds promise_timeout_;
   std::unique_ptr<std::byte[]> memory_;  // not initialized: a page is touched by what lands
   std::vector<Slot> slots_;
-  std::vector<std::uint32_t> reposts_;  // refused by the provider, posted at retry()
+  std::vector<std::uint32_t> reposts_;  // released, or refused by the provider: posted at retry()
   std::size_t posted_ = 0;
   std::size_t promised_ = 0;
   std::vector<Forgotten> forgotten_;

@@ -291,12 +291,12 @@ std::size_t Lane::progress() {
   progressed_.store(true, std::memory_order_relaxed);
   // What came carried on another lane's messages, then batched control messages and posts held
   // back by back-pressure, so what the peer waits for leaves before we look for what we wait
-  // for.
+  // for; and the eager buffers released since the last progress.
   drain_inbox();
   run_deferred();
+  if (eager_) eager_->retry();
   const std::size_t handled = rails_->progress();
   control_->retry();
-  if (eager_) eager_->retry();
   if (!retired_.empty()) [[unlikely]]
     free_drained();
   if (!released_.empty()) [[unlikely]]

@@ -55,7 +55,8 @@ void SendCommImpl::post_eager(Request& r) {
   const bool ahead = part.send == SendState::kAwaitingClearance;
   ofi::Rail& data_rail = lane_->rails().data(0);
   const bool inject = injects(part);
-  const Carrier carrier = inject ? fill_carrier(part) : Carrier{};
+  const Carrier carrier =
+      inject && (carry_control_ || min_carrier_ != 0) ? fill_carrier(part) : Carrier{};
   // Sent ahead, it names itself and the receiver places it; matched, the buffer it was placed in.
   const std::uint64_t wire_tag =
       mux::encode_tag({mux::TagKind::kEager, peer_id_, ahead ? part.seq : part.peer_seq,
@@ -186,12 +187,17 @@ void RecvCommImpl::promise_credits() {
   // at most LOOM_EAGER_CREDITS of the pool, however often it asks for announcements.
   const std::size_t held = credits_out_ + credits_to_grant_ + held_.size();
   if (held >= max_credits_) return;
+  // Topped up once half is missing, in one promise: credits go back at half anyway, and a
+  // promise per message would sit on every message's path.
+  if (2 * (max_credits_ - held) < max_credits_) return;
   const std::size_t promised = pool_->promise(max_credits_ - held, held, lane_->attached());
   // Short of its share because the pool ran dry: woken when buffers come back.
   if (promised < max_credits_ - held && pool_->unpromised() == 0) lane_->wait_for_credits(id_);
   if (promised == 0) return;
   credits_to_grant_ += promised;
-  defer();
+  // Credits alone go back in bulk, at half (send_control_batch): until then nothing is due at
+  // the lane's next progress, and a deferral per message would cost every message a turn there.
+  if (2 * credits_to_grant_ >= max_credits_) defer();
 }
 
 void RecvCommImpl::cancel_standing() {
