@@ -327,6 +327,11 @@ struct LaneDescription {
   // Control messages for this lane's communicators that rode inside a data message to another
   // of this process's lanes (LOOM_CARRY_CONTROL) instead of arriving on its control rails.
   std::uint64_t carried_control = 0;
+  // Receive lanes: the eager buffers of the lane's pool (README, Protocols), and how many of
+  // them are posted to the provider now (receive-queue entries of data rail 0's endpoint):
+  // about the credits its communicators hold, not the whole pool.
+  std::size_t eager_buffers = 0;
+  std::size_t eager_buffers_posted = 0;
   std::vector<RailDescription> rails;
 };
 

@@ -19,10 +19,10 @@ EagerPool::EagerPool(ofi::RailSet& rails, std::size_t count, std::size_t buffer_
   registration_ =
       &rails.registration_table().acquire(memory_.get(), count * buffer_size, MemoryType::kHost, 0);
   reposts_.reserve(count);
+  idle_.reserve(count);
   for (Slot& slot : slots_) slot.op.handler = this;
-  for (std::uint32_t i = 0; i < slots_.size(); ++i) {
-    if (!post(i)) reposts_.push_back(i);
-  }
+  // Posted as promises need them (promise()), the first ones used first.
+  for (std::uint32_t i = static_cast<std::uint32_t>(count); i-- > 0;) idle_.push_back(i);
 }
 
 // Posted receives point into memory_: cancel them so no completion can name a buffer after
@@ -57,11 +57,14 @@ void EagerPool::release(std::uint32_t buffer) {
 
 std::size_t EagerPool::promise(std::size_t wanted, std::size_t held, std::size_t comms) noexcept {
   const std::size_t share = std::max(slots_.size() / std::max<std::size_t>(comms, 1), kMinShare);
-  const std::size_t free = posted_ > promised_ ? posted_ - promised_ : 0;
   const std::size_t room = share > held ? share - held : 0;
-  const std::size_t credits = std::min({wanted, free, room});
-  promised_ += credits;
-  return credits;
+  const std::size_t credits = std::min(wanted, room);
+  // The idle buffers used last are posted first: still in cache.
+  while (posted_ < promised_ + credits && !idle_.empty() && post(idle_.back())) idle_.pop_back();
+  const std::size_t backed = std::min(credits, posted_ > promised_ ? posted_ - promised_ : 0);
+  promised_ += backed;
+  most_promised_ = std::max(most_promised_, promised_);
+  return backed;
 }
 
 void EagerPool::forget(std::size_t credits) {
@@ -72,7 +75,14 @@ void EagerPool::forget(std::size_t credits) {
 void EagerPool::retry() {
   const std::size_t waiting = reposts_.size();
   while (!reposts_.empty()) {
-    if (!post(reposts_.back())) break;
+    // Posted again up to the most ever promised at once: credits are topped up in bulk, and
+    // the buffers for them are then posted already, one per message as they come back, not
+    // all at the top-up (on a message's path). The rest stay idle until a promise needs them.
+    if (posted_ >= most_promised_) {
+      idle_.push_back(reposts_.back());
+    } else if (!post(reposts_.back())) {
+      break;
+    }
     reposts_.pop_back();
   }
   if (reposts_.size() != waiting) sink_->on_eager_released();
@@ -93,6 +103,12 @@ void EagerPool::on_completion(ofi::OpContext& op, const ofi::Completion& complet
   slots_[buffer].posted = false;
   --posted_;
   if (completion.status == Status::kCancelled) return;  // closing
+  // A message spent a credit the sender could only have had from this pool: its
+  // communicator's, or one forgotten at a close. Counted before the communicator sees it: the
+  // delivery may promise credits again, and must not post a buffer for the spent one.
+  const bool spent = completion.status == Status::kOk || completion.status == Status::kTruncated;
+  const bool counted = spent && promised_ != 0;
+  if (counted) --promised_;
   const bool attached = sink_->on_eager_arrival(EagerArrival{.buffer = buffer,
                                                              .status = completion.status,
                                                              .length = completion.length,
@@ -101,14 +117,13 @@ void EagerPool::on_completion(ofi::OpContext& op, const ofi::Completion& complet
                                                              .has_data = completion.has_data,
                                                              .data = completion.data,
                                                              .error_text = completion.error_text});
-  // A message spent a credit the sender could only have had from this pool: its
-  // communicator's, or one forgotten at a close.
-  if (completion.status != Status::kOk && completion.status != Status::kTruncated) return;
-  if (!attached) {
-    if (forgotten_.empty()) return;
-    if (--forgotten_.front().credits == 0) forgotten_.erase(forgotten_.begin());
+  if (!spent || attached) return;
+  // No communicator took it (none was called): a forgotten credit, or none of ours.
+  if (forgotten_.empty()) {
+    if (counted) ++promised_;
+    return;
   }
-  if (promised_ != 0) --promised_;
+  if (--forgotten_.front().credits == 0) forgotten_.erase(forgotten_.begin());
 }
 
 }  // namespace loom::mux

@@ -1,9 +1,9 @@
 // The eager buffers of a receive lane, shared by all its communicators whatever their peers.
 // A message a sender sends ahead on a credit lands in any of them (the receives match every
 // comm id); the tag's comm id says whose it is, the lane hands it to that communicator, which
-// holds the buffer until the receive for the message is posted and then gives it back to be
-// posted again. A lane's eager memory is then this pool's, fixed, not a set of buffers per
-// communicator that grows with the peers.
+// holds the buffer until the receive for the message is posted and then gives it back. A
+// lane's eager memory is then this pool's, fixed, not a set of buffers per communicator that
+// grows with the peers; and only the buffers promises need are posted (see idle_).
 //
 // Credits are promises of posted buffers: never more outstanding than buffers posted, so every
 // message sent ahead finds one and none waits in the provider's bounded unexpected-message
@@ -75,29 +75,29 @@ class EagerPool final : ofi::CompletionHandler {
   [[nodiscard]] const std::byte* data(std::uint32_t buffer) const noexcept {
     return memory_.get() + std::size_t{buffer} * buffer_size_;
   }
-  // The communicator is done with the buffer: posted again at retry(), which the lane runs at
-  // its next progress before reading its CQs. Not now: the release comes while a message is
+  // The communicator is done with the buffer: back in the pool at retry(), which the lane runs
+  // at its next progress before reading its CQs. Not now: the release comes while a message is
   // handed to its receive, and a repost there (a provider call, shm's queue lock) would delay
   // every message's delivery to the user, and so the reply it waits to send.
   void release(std::uint32_t buffer);
 
   // Up to `wanted` new credits for a communicator that holds `held` (promised, not spent)
-  // while `comms` communicators share the lane: within the buffers posted and not promised,
-  // and the communicator's share.
+  // while `comms` communicators share the lane: within the communicator's share and the
+  // buffers not promised, idle ones posted for it now (fewer where the provider refuses).
   [[nodiscard]] std::size_t promise(std::size_t wanted, std::size_t held,
                                     std::size_t comms) noexcept;
   // A closing communicator's unspent credits: promised until the timeout, since its sender may
   // have sent on them.
   void forget(std::size_t credits);
-  // Posts again what was released and what the provider refused, and frees the promises whose
-  // time is up.
+  // Takes back what was released (posted again where promises lack buffers, else idle), posts
+  // what the provider refused, and frees the promises whose time is up.
   void retry();
 
   [[nodiscard]] std::size_t posted() const noexcept { return posted_; }
   [[nodiscard]] std::size_t promised() const noexcept { return promised_; }
-  // Buffers posted and not promised.
+  // Buffers a promise may take now: posted and not promised, or idle.
   [[nodiscard]] std::size_t unpromised() const noexcept {
-    return posted_ > promised_ ? posted_ - promised_ : 0;
+    return (posted_ > promised_ ? posted_ - promised_ : 0) + idle_.size();
   }
 
  private:
@@ -122,9 +122,15 @@ class EagerPool final : ofi::CompletionHandler {
   std::chrono::milliseconds promise_timeout_;
   std::unique_ptr<std::byte[]> memory_;  // not initialized: a page is touched by what lands
   std::vector<Slot> slots_;
-  std::vector<std::uint32_t> reposts_;  // released, or refused by the provider: posted at retry()
+  std::vector<std::uint32_t> reposts_;  // released, or refused by the provider: seen at retry()
+  // Neither posted nor held: a stack, so that the buffers posted for new promises are the ones
+  // used last, still in cache. Posting every buffer would make each message land in the
+  // least recently used one (providers match posted receives in order): a ring of the whole
+  // pool (1 MiB on shm) through the cache instead of about one communicator's credits.
+  std::vector<std::uint32_t> idle_;
   std::size_t posted_ = 0;
   std::size_t promised_ = 0;
+  std::size_t most_promised_ = 0;  // the most promised_ has been: what stays posted
   std::vector<Forgotten> forgotten_;
   // Declared last, closed first: bound to the endpoints under FI_MR_ENDPOINT.
   ofi::MemoryRegistration* registration_ = nullptr;

@@ -307,6 +307,10 @@ std::size_t Lane::progress() {
 LaneStats Lane::stats() const noexcept {
   LaneStats stats = stats_;
   stats.comms = attached_;
+  if (eager_) {
+    stats.eager_buffers = eager_->count();
+    stats.eager_buffers_posted = eager_->posted();
+  }
   return stats;
 }
 

@@ -97,6 +97,8 @@ struct LaneStats {
   std::uint64_t stray_remote_writes = 0;  // remote CQ data for a comm id not attached
   std::uint64_t stray_eager = 0;          // eager messages for a comm id not attached
   std::uint64_t carried_control = 0;      // control messages that came through the inbox
+  std::size_t eager_buffers = 0;          // the eager pool's (receive lanes that have one)
+  std::size_t eager_buffers_posted = 0;   // of them, posted to the provider now
 };
 
 class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {

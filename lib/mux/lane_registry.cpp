@@ -274,12 +274,15 @@ RegistryStats LaneRegistry::stats() const {
   for (const auto& [key, entry] : lanes_) {
     Lane& lane = *entry.lane;
     std::lock_guard lane_lock(lane.lock());
+    const LaneStats lane_stats = lane.stats();
     LaneSummary summary{.id = lane.id(),
                         .direction = key.direction,
                         .peers = lane.peers(),
                         .comms = entry.references,
-                        .retired = lane.stats().retired,
-                        .carried_control = lane.stats().carried_control,
+                        .retired = lane_stats.retired,
+                        .carried_control = lane_stats.carried_control,
+                        .eager_buffers = lane_stats.eager_buffers,
+                        .eager_buffers_posted = lane_stats.eager_buffers_posted,
                         .endpoints = lane.rails().rails().size(),
                         .registration_table = lane.rails().registration_table().stats(),
                         .shared_regions = lane.shared_regions().held(),

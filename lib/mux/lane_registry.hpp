@@ -47,11 +47,13 @@ struct RailSummary {
 struct LaneSummary {
   std::uint64_t id;
   Direction direction;
-  std::size_t peers;              // in the lane's AVs
-  std::size_t comms;              // communicators holding the lane (attached or draining)
-  std::size_t retired;            // closed ones the lane keeps until their operations drain
-  std::uint64_t carried_control;  // control messages that came through its inbox
-  std::size_t endpoints;          // rails
+  std::size_t peers;                 // in the lane's AVs
+  std::size_t comms;                 // communicators holding the lane (attached or draining)
+  std::size_t retired;               // closed ones the lane keeps until their operations drain
+  std::uint64_t carried_control;     // control messages that came through its inbox
+  std::size_t eager_buffers;         // its eager pool's
+  std::size_t eager_buffers_posted;  // of them, posted now
+  std::size_t endpoints;             // rails
   ofi::RegistrationTableStats registration_table;
   std::size_t shared_regions;               // the context's regions registered on this lane
   std::size_t shared_region_registrations;  // their fid_mr objects

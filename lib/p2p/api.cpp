@@ -248,6 +248,8 @@ ContextStats Context::stats() const {
         .registrations_made = lane.registration_table.misses,
         .context_regions = lane.shared_regions,
         .carried_control = lane.carried_control,
+        .eager_buffers = lane.eager_buffers,
+        .eager_buffers_posted = lane.eager_buffers_posted,
         .rails = {}};
     for (const auto& rail : lane.rails) {
       description.rails.push_back(RailDescription{.nic = rail.nic,

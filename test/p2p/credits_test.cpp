@@ -189,6 +189,74 @@ TEST_CASE("p2p eager credits default to the provider's", "[credits]") {
   run_late_receiver(Layout(sizes, sizes), std::nullopt, 50, 20ms, true);
 }
 
+// The pool holds 4 x the credits (a share for several peers), but only buffers that back a
+// promise are posted: the rest stay idle, neither receive-queue entries on the NIC nor a ring
+// of cold memory that each message would land in (the provider fills the oldest posted
+// buffer). 300 eager messages of differing sizes and patterns, one at a time, then the receive
+// lane's figures.
+TEST_CASE("p2p a receive lane posts eager buffers for its credits and not its whole pool",
+          "[credits]") {
+  constexpr unsigned kCredits = 8;
+  constexpr std::size_t kMessages = 300;
+  auto size_of = [](std::size_t k) { return 1 + (k * 389) % 3000; };
+  auto receiver = [&](Channel& channel) {
+    Context context(credits_config(kCredits));
+    Listener listener = context.listen();
+    send_handle(channel, listener.handle());
+    auto in = accept_one(listener);
+    std::vector<std::byte> buffer(4096);
+    const CloseOnUnwind guard{in.get()};
+    MemoryRegion region = in->register_memory(buffer.data(), buffer.size());
+    for (std::size_t k = 0; k < kMessages; ++k) {
+      RecvBuffer target{buffer.data(), buffer.size(), Tag(k), region};
+      Request r;
+      require(post_into(in->irecv({&target, 1}), r) == Status::kOk, in->last_error());
+      const std::size_t size = finish(*in, r);
+      require(size == size_of(k), "message " + std::to_string(k) + ": " + std::to_string(size) +
+                                      " bytes, expected " + std::to_string(size_of(k)));
+      const std::string wrong = check_pattern({buffer.data(), size}, seed_of(k));
+      require(wrong.empty(), "message " + std::to_string(k) + ": " + wrong);
+    }
+    channel.barrier();  // the sender saw its messages go eagerly
+    const ContextStats stats = context.stats();
+    bool found = false;
+    for (const LaneDescription& lane : stats.lanes) {
+      if (lane.send) continue;
+      found = true;
+      require(lane.eager_buffers == 4 * kCredits,
+              "pool of " + std::to_string(lane.eager_buffers) + " buffers");
+      require(lane.eager_buffers_posted >= 1 && lane.eager_buffers_posted <= kCredits,
+              std::to_string(lane.eager_buffers_posted) + " of " +
+                  std::to_string(lane.eager_buffers) + " eager buffers posted for " +
+                  std::to_string(kCredits) + " credits");
+    }
+    require(found, "no receive lane");
+    channel.barrier();
+  };
+  auto sender = [&](Channel& channel) {
+    Context context(credits_config(kCredits));
+    auto out = connect_one(context, recv_handle(channel));
+    std::vector<std::byte> buffer(4096);
+    const CloseOnUnwind guard{out.get()};
+    MemoryRegion region = out->register_memory(buffer.data(), buffer.size());
+    for (std::size_t k = 0; k < kMessages; ++k) {
+      fill_pattern({buffer.data(), size_of(k)}, seed_of(k));
+      Request r;
+      require(post_into(out->isend(buffer.data(), size_of(k), Tag(k), region), r) == Status::kOk,
+              out->last_error());
+      finish(*out, r);
+    }
+    // All but the first few went on credits (the rest by write, before the first grant).
+    require(out->stats().eager > kMessages / 2,
+            std::to_string(out->stats().eager) + " of " + std::to_string(kMessages) + " eager");
+    channel.barrier();
+    channel.barrier();
+  };
+  const std::string failure = run_pair(receiver, sender);
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
 TEST_CASE("p2p a sender far ahead of a receiver that posts late", "[credits]") {
   // 120 messages in flight, eager ones of every size up to the limit among rendezvous ones;
   // the receiver posts them a few at a time, its buffers larger than the messages.
