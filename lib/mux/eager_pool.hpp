@@ -126,7 +126,7 @@ class EagerPool final : ofi::CompletionHandler {
   // Neither posted nor held: a stack, so that the buffers posted for new promises are the ones
   // used last, still in cache. Posting every buffer would make each message land in the
   // least recently used one (providers match posted receives in order): a ring of the whole
-  // pool (1 MiB on shm) through the cache instead of about one communicator's credits.
+  // pool (768 KiB on shm) through the cache instead of about one communicator's credits.
   std::vector<std::uint32_t> idle_;
   std::size_t posted_ = 0;
   std::size_t promised_ = 0;

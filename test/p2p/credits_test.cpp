@@ -223,7 +223,7 @@ TEST_CASE("p2p a receive lane posts eager buffers for its credits and not its wh
     for (const LaneDescription& lane : stats.lanes) {
       if (lane.send) continue;
       found = true;
-      require(lane.eager_buffers == 4 * kCredits,
+      require(lane.eager_buffers == std::size_t{4} * kCredits,
               "pool of " + std::to_string(lane.eager_buffers) + " buffers");
       require(lane.eager_buffers_posted >= 1 && lane.eager_buffers_posted <= kCredits,
               std::to_string(lane.eager_buffers_posted) + " of " +
