@@ -11,7 +11,9 @@
 #                                     (no libfabric, hwloc or spdlog, no network). With the
 #                                     device tool: run(command="bash scripts/gpu_check.sh run",
 #                                     carry=[".gpu/stage"])
-#   bash scripts/gpu_check.sh         both, where one machine builds and has the GPU
+#   bash scripts/gpu_check.sh figures on the GPU machine after run: the README's GPU table
+#                                     (bandwidth, unverified, median of interleaved rounds)
+#   bash scripts/gpu_check.sh         all three, where one machine builds and has the GPU
 #
 # The run moves cuMemAlloc'd buffers between two processes on GPU 0 over shm and tcp;ofi_rxm
 # (FI_HMEM; libfabric's tcp has none, so there it checks that CUDA memory is refused and why),
@@ -23,8 +25,10 @@
 # receive flushed and checked from the host (again with LOOM_CUDA_DMABUF=0: by address only),
 # its bandwidth on GPU and host memory, and tcp;ofi_rxm, where the plugin must say it takes no
 # CUDA memory. NCCL itself puts the network between ranks only on two GPUs (one GPU's ranks
-# talk over P2P/SHM), so no NCCL test runs here. Logs go to $OUT (the device tool brings them
-# back) or .gpu/results. Exit status: the number of failed steps.
+# talk over P2P/SHM), so no NCCL test runs here. Logs go to .gpu/results and, where $OUT is set
+# (the device tool brings back at most 8 files from it), into $OUT/gpu-results.tar.gz.
+# A step that runs past STEP_TIMEOUT seconds (default 600) is killed and counts as failed.
+# Exit status: the number of failed steps.
 #
 # LOOM_CUDA_IPC's steps run where the build had LIBFABRIC_IPC_SRC: a libfabric checkout whose
 # shm waits for its CUDA IPC copies (its main branch after 2.6.0), staged in .gpu/stage/lib-ipc.
@@ -153,7 +157,8 @@ build() {
 
 run() {
   [ -x "$stage/bin/test_gpu" ] || die "nothing staged in $stage: run 'scripts/gpu_check.sh build' first"
-  local results=${OUT:-$gpu/results}
+  local results=$gpu/results step_timeout=${STEP_TIMEOUT:-600}
+  rm -rf "$results"
   mkdir -p "$results"
   export LD_LIBRARY_PATH=$stage/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   local failed=0 step=0
@@ -165,7 +170,7 @@ run() {
     shift
     step=$((step + 1))
     local log="$results/$(printf '%02d' $step)-$name.log"
-    env "${env[@]}" timeout 600 "$@" >"$log" 2>&1
+    env "${env[@]}" timeout -k 5 "$step_timeout" "$@" >"$log" 2>&1
     local code=$?
     local verdict=ok
     case $expect in
@@ -179,6 +184,9 @@ run() {
       verdict="FAILED (skipped: $(grep -m1 'SKIPPED' "$log"))"
     [ "$verdict" = ok ] || failed=$((failed + 1))
     printf '%-34s %s\n' "$name" "$verdict"
+    [ "$verdict" = ok ] || tail -n 8 "$log" | cut -c1-300 | sed 's/^/    | /'
+    # After every step, so that a run cut short still brings back what it did.
+    if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu-results.tar.gz" -C "$gpu" results; fi
     grep -hE '^(NOT SUPPORTED|refused as expected|[a-z;_]+: registered|# memory|  ptrSupport|  forceFlush|[0-9]+ cases)' \
       "$log" | sed 's/^/    /'
   }
@@ -242,9 +250,53 @@ run() {
   return "$failed"
 }
 
+# The README's GPU table: fi_p2p_bw --loopback over shm, MB/s, ROUNDS (default 3) interleaved
+# rounds of every memory configuration, the median per size; no verification (-v copies every
+# message back to the host, which is then most of the time: `run` verifies).
+figures() {
+  [ -x "$stage/bin/fi_p2p_bw" ] || die "nothing staged in $stage: run 'scripts/gpu_check.sh build' first"
+  local results=$gpu/figures rounds=${ROUNDS:-3}
+  rm -rf "$results"
+  mkdir -p "$results"
+  export LD_LIBRARY_PATH=$stage/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  local configs=("host|--device host" "cuda|--device cuda" "cuda-noflush|--device cuda|LOOM_GPU_FLUSH=0")
+  [ -d "$stage/lib-ipc" ] &&
+    configs+=("cuda-ipc|--device cuda|LOOM_CUDA_IPC=1 LD_LIBRARY_PATH=$stage/lib-ipc:$LD_LIBRARY_PATH")
+  local round config name options env
+  for round in $(seq "$rounds"); do
+    for config in "${configs[@]}"; do
+      IFS='|' read -r name options env <<<"$config"
+      # shellcheck disable=SC2086 # options and env are word lists
+      env LOOM_PROVIDER=shm FI_PROVIDER=shm $env timeout -k 5 120 "$stage/bin/fi_p2p_bw" \
+        --loopback $options -S l:1,4k,64k,1m,16m -I 500 -w 50 --no-pingpong --timeout 60 \
+        --json "$results/$name-$round.json" >"$results/$name-$round.log" 2>&1 ||
+        echo "$name round $round: exit $? (see $results/$name-$round.log)"
+    done
+  done
+  python3 - "$results" "$rounds" "${configs[@]%%|*}" <<'PY'
+import json, pathlib, statistics, sys
+results, rounds, names = pathlib.Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+print(f"fi_p2p_bw --loopback, shm, window 64, 500 iterations, MB/s: median of {rounds} rounds")
+print("| memory | 1 B | 4 KiB | 64 KiB | 1 MiB | 16 MiB |\n|---|---|---|---|---|---|")
+for name in names:
+    by_size = {}
+    for round in range(1, rounds + 1):
+        path = results / f"{name}-{round}.json"
+        if not path.exists():
+            continue
+        for row in json.loads(path.read_text())["results"]:
+            by_size.setdefault(row["bytes"], []).append(row["mb_per_sec"])
+    cells = [f"{statistics.median(v):.2f}" if k == 1 else f"{statistics.median(v):.0f}"
+             for k, v in sorted(by_size.items())]
+    print(f"| {name} | " + " | ".join(cells) + " |")
+PY
+  if [ -n "${OUT:-}" ]; then tar -czf "$OUT/gpu-figures.tar.gz" -C "$gpu" figures; fi
+}
+
 case ${1:-all} in
   build) build ;;
   run) run ;;
-  all) build && run ;;
-  *) die "usage: scripts/gpu_check.sh [build|run]" ;;
+  figures) figures ;;
+  all) build && run && figures ;;
+  *) die "usage: scripts/gpu_check.sh [build|run|figures]" ;;
 esac
