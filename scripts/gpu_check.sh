@@ -25,8 +25,10 @@
 # receive flushed and checked from the host (again with LOOM_CUDA_DMABUF=0: by address only),
 # its bandwidth on GPU and host memory, and tcp;ofi_rxm, where the plugin must say it takes no
 # CUDA memory. NCCL itself puts the network between ranks only on two GPUs (one GPU's ranks
-# talk over P2P/SHM), so no NCCL test runs here. Logs go to .gpu/results and, where $OUT is set
-# (the device tool brings back at most 8 files from it), into $OUT/gpu-results.tar.gz.
+# talk over P2P/SHM): where PyTorch is installed, its NCCL loads the plugin for one rank
+# (scripts/nccl_one_rank.py), which checks the loading and init, not a transfer. Logs go to
+# .gpu/results and, where $OUT is set (the device tool brings back at most 8 files from it),
+# into $OUT/gpu-results.tar.gz.
 # A step that runs past STEP_TIMEOUT seconds (default 600) is killed and counts as failed.
 # Exit status: the number of failed steps.
 #
@@ -246,6 +248,14 @@ run() {
     -S l:64k,1m,16m --json "$results/plugin-bw-shm-host.json"
   step plugin-tcp-cuda "refuse:takes no CUDA memory" "${tcp[@]}" -- "$bin/ncclnet_check" \
     "$plugin" --device cuda --case sizes
+  # A real NCCL (PyTorch's, where the machine has it) loading the plugin: one rank, so nothing
+  # crosses the network, but NCCL finds the plugin, initializes it with its logger and asks
+  # its devices.
+  if python3 -c 'import torch' 2>/dev/null; then
+    step nccl-loads-plugin pass "${shm[@]}" -- python3 "$root/scripts/nccl_one_rank.py" "$plugin"
+  else
+    echo "nccl-loads-plugin                  not run: no PyTorch here"
+  fi
   echo "$((step - failed)) of $step steps ok; logs in $results"
   return "$failed"
 }
