@@ -246,6 +246,12 @@ run() {
     --device cuda -S l:64k,1m,16m --json "$results/plugin-bw-shm-cuda.json"
   step plugin-bw-shm-host pass "${shm[@]}" -- "$bin/ncclnet_check" "$plugin" --bw \
     -S l:64k,1m,16m --json "$results/plugin-bw-shm-host.json"
+  if [ -d "$stage/lib-ipc" ]; then
+    step plugin-cases-shm-cuda-ipc pass "${shm[@]}" "${ipc[@]}" -- "$bin/ncclnet_check" \
+      "$plugin" --device cuda --timeout 300 --sizes 0,1,4095,64k,1m,64m+3
+    step plugin-bw-shm-cuda-ipc pass "${shm[@]}" "${ipc[@]}" -- "$bin/ncclnet_check" "$plugin" \
+      --bw --device cuda -S l:64k,1m,16m --json "$results/plugin-bw-shm-cuda-ipc.json"
+  fi
   step plugin-tcp-cuda "refuse:takes no CUDA memory" "${tcp[@]}" -- "$bin/ncclnet_check" \
     "$plugin" --device cuda --case sizes
   # A real NCCL (PyTorch's, where the machine has it) loading the plugin: one rank, so nothing
