@@ -22,7 +22,7 @@ stage() {
   rm -rf "$stage"
   mkdir -p "$stage/bin" "$stage/lib"
   cp build-release/bench/p2p_bw/fi_p2p_bw "$fabtests"/fi_rdm_tagged_pingpong \
-    "$fabtests"/fi_rdm_tagged_bw "$(command -v fi_info)" "$stage/bin/"
+    "$fabtests"/fi_rdm_tagged_bw "$fabtests"/fi_rma_bw "$(command -v fi_info)" "$stage/bin/"
   local binary library
   for binary in "$stage"/bin/*; do
     LD_LIBRARY_PATH=$PWD/build-release ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'
