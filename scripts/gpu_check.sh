@@ -171,7 +171,8 @@ run() {
     while [ "$1" != "--" ]; do env+=("$1"); shift; done
     shift
     step=$((step + 1))
-    local log="$results/$(printf '%02d' $step)-$name.log"
+    local log
+    log="$results/$(printf '%02d' $step)-$name.log"
     env "${env[@]}" timeout -k 5 "$step_timeout" "$@" >"$log" 2>&1
     local code=$?
     local verdict=ok
