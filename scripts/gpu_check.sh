@@ -157,12 +157,17 @@ build() {
   set +e
 }
 
-run() {
+# DIR: checks the stage, empties DIR for this run's logs, and puts the staged libraries first.
+prepare() {
   [ -x "$stage/bin/test_gpu" ] || die "nothing staged in $stage: run 'scripts/gpu_check.sh build' first"
-  local results=$gpu/results step_timeout=${STEP_TIMEOUT:-600}
-  rm -rf "$results"
-  mkdir -p "$results"
+  rm -rf "$1"
+  mkdir -p "$1"
   export LD_LIBRARY_PATH=$stage/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}
+
+run() {
+  local results=$gpu/results step_timeout=${STEP_TIMEOUT:-600}
+  prepare "$results"
   local failed=0 step=0
   # step NAME EXPECT ENV... -- COMMAND...: EXPECT is "pass" or "refuse:TEXT" (must fail saying TEXT).
   step() {
@@ -271,11 +276,8 @@ run() {
 # rounds of every memory configuration, the median per size; no verification (-v copies every
 # message back to the host, which is then most of the time: `run` verifies).
 figures() {
-  [ -x "$stage/bin/fi_p2p_bw" ] || die "nothing staged in $stage: run 'scripts/gpu_check.sh build' first"
   local results=$gpu/figures rounds=${ROUNDS:-3}
-  rm -rf "$results"
-  mkdir -p "$results"
-  export LD_LIBRARY_PATH=$stage/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  prepare "$results"
   local configs=("host|--device host" "cuda|--device cuda" "cuda-noflush|--device cuda|LOOM_GPU_FLUSH=0")
   [ -d "$stage/lib-ipc" ] &&
     configs+=("cuda-ipc|--device cuda|LOOM_CUDA_IPC=1 LD_LIBRARY_PATH=$stage/lib-ipc:$LD_LIBRARY_PATH")
