@@ -15,6 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stage=$PWD/.bench/stage
+# shellcheck source=scripts/stage_libraries.sh
+. scripts/stage_libraries.sh
 
 stage() {
   local fabtests=${FABTESTS_BIN:?set FABTESTS_BIN to fabtests bin/ directory}
@@ -23,22 +25,7 @@ stage() {
   mkdir -p "$stage/bin" "$stage/lib"
   cp build-release/bench/p2p_bw/fi_p2p_bw "$fabtests"/fi_rdm_tagged_pingpong \
     "$fabtests"/fi_rdm_tagged_bw "$fabtests"/fi_rma_bw "$(command -v fi_info)" "$stage/bin/"
-  local binary library
-  for binary in "$stage"/bin/*; do
-    LD_LIBRARY_PATH=$PWD/build-release ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'
-  done | sort -u | while read -r library; do
-    case $(basename "$library") in
-      libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libresolv.so.*) ;;
-      *) cp -L "$library" "$stage/lib/" ;;
-    esac
-  done
-  strip --strip-debug "$stage"/bin/* "$stage"/lib/*
-  for binary in "$stage"/bin/*; do
-    if LD_LIBRARY_PATH=$stage/lib ldd "$binary" | grep -q "not found"; then
-      echo "compare_elsewhere: $binary: a library is missing from the stage" >&2
-      exit 1
-    fi
-  done
+  stage_libraries "$stage" "$PWD/build-release" || exit 1
   echo "staged in $stage: $(du -sh "$stage" | cut -f1)"
 }
 

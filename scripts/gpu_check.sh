@@ -47,6 +47,8 @@ cuda=${CUDA_HOME:-/usr/local/cuda}
 jobs=${JOBS:-$(nproc)}
 
 die() { echo "gpu_check: $*" >&2; exit 1; }
+# shellcheck source=scripts/stage_libraries.sh
+. scripts/stage_libraries.sh
 
 build() {
   set -e
@@ -130,30 +132,13 @@ build() {
   local soname
   soname=$(objdump -p "$cuda/lib64/libcudart.so" | awk '$1 == "SONAME" { print $2 }')
   cp -L "$cuda"/lib64/libcudart.so "$stage/lib/$soname"
-  # Every other library the binaries load, except glibc's own and the driver's.
-  local library
-  for binary in "$stage"/bin/* "$stage"/lib/*; do
-    LD_LIBRARY_PATH=$stage/lib ldd "$binary" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }'
-  done | sort -u | while read -r library; do
-    case $(basename "$library") in
-      libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libresolv.so.*) ;;
-      libcuda.so.*|libnvidia-*) ;;
-      *) [ -e "$stage/lib/$(basename "$library")" ] || cp -L "$library" "$stage/lib/" ;;
-    esac
-  done
   if [ -n "${LIBFABRIC_IPC_SRC:-}" ]; then
     mkdir -p "$stage/lib-ipc"
     cp -L "$gpu"/libfabric-ipc/lib/libfabric.so.? "$stage/lib-ipc/"
     strip --strip-debug "$stage"/lib-ipc/*
   fi
-  # Debug sections would make the stage too big to carry (the device tool takes 64 MiB).
-  strip --strip-debug "$stage"/bin/* "$stage"/lib/*
+  stage_libraries "$stage" || die "the stage is incomplete"
   echo "CUDA toolkit $cuda, libfabric $version: $(du -sh "$stage" | cut -f1) staged in $stage"
-  for binary in "$stage"/bin/*; do
-    if LD_LIBRARY_PATH=$stage/lib ldd "$binary" | grep -q "not found"; then
-      die "$binary: a library is missing from the stage"
-    fi
-  done
   set +e
 }
 
