@@ -162,7 +162,7 @@ bool ControlChannel::sending_to(std::size_t rail, ofi::Address peer) const noexc
   return false;
 }
 
-void ControlChannel::retry() {
+void ControlChannel::take_back() {
   while (!reposts_.empty()) {
     if (post_receive(rx_slots_[reposts_.back()]) != Status::kOk) break;
     reposts_.pop_back();

@@ -95,10 +95,14 @@ class ControlChannel final : ofi::CompletionHandler {
   [[nodiscard]] bool sending_to(std::size_t rail, ofi::Address peer) const noexcept;
 
   // Reposts receive buffers the provider refused earlier and posts what the outbox holds.
-  // Called from the owner's progress.
-  void retry();
+  // Called from the owner's progress; inline, since there is mostly nothing to do.
+  void retry() {
+    if (!reposts_.empty() || !outbox_.empty()) [[unlikely]]
+      take_back();
+  }
 
  private:
+  void take_back();  // retry()'s work
   struct Slot {
     ofi::OpContext op;  // first: the completion hands back &op
     bool receive;

@@ -51,10 +51,6 @@ bool EagerPool::post(std::uint32_t buffer) {
   return true;
 }
 
-void EagerPool::release(std::uint32_t buffer) {
-  reposts_.push_back(buffer);
-}
-
 std::size_t EagerPool::promise(std::size_t wanted, std::size_t held, std::size_t comms) noexcept {
   const std::size_t share = std::max(slots_.size() / std::max<std::size_t>(comms, 1), kMinShare);
   const std::size_t room = share > held ? share - held : 0;
@@ -72,7 +68,7 @@ void EagerPool::forget(std::size_t credits) {
   forgotten_.push_back({credits, std::chrono::steady_clock::now() + promise_timeout_});
 }
 
-void EagerPool::retry() {
+void EagerPool::take_back() {
   const std::size_t waiting = reposts_.size();
   while (!reposts_.empty()) {
     // Posted again up to the most ever promised at once: credits are topped up in bulk, and

@@ -79,7 +79,7 @@ class EagerPool final : ofi::CompletionHandler {
   // at its next progress before reading its CQs. Not now: the release comes while a message is
   // handed to its receive, and a repost there (a provider call, shm's queue lock) would delay
   // every message's delivery to the user, and so the reply it waits to send.
-  void release(std::uint32_t buffer);
+  void release(std::uint32_t buffer) { reposts_.push_back(buffer); }
 
   // Up to `wanted` new credits for a communicator that holds `held` (promised, not spent)
   // while `comms` communicators share the lane: within the communicator's share and the
@@ -90,8 +90,11 @@ class EagerPool final : ofi::CompletionHandler {
   // have sent on them.
   void forget(std::size_t credits);
   // Takes back what was released (posted again where promises lack buffers, else idle), posts
-  // what the provider refused, and frees the promises whose time is up.
-  void retry();
+  // what the provider refused, and frees the promises whose time is up. Inline: every progress
+  // of the lane asks, and mostly there is nothing.
+  void retry() {
+    if (!reposts_.empty() || !forgotten_.empty()) take_back();
+  }
 
   [[nodiscard]] std::size_t posted() const noexcept { return posted_; }
   [[nodiscard]] std::size_t promised() const noexcept { return promised_; }
@@ -112,6 +115,7 @@ class EagerPool final : ofi::CompletionHandler {
 
   void on_completion(ofi::OpContext& op, const ofi::Completion& completion) override;
   bool post(std::uint32_t buffer);
+  void take_back();  // retry()'s work
   [[nodiscard]] std::uint32_t index_of(const ofi::OpContext& op) const noexcept {
     return static_cast<std::uint32_t>(reinterpret_cast<const Slot*>(&op) - slots_.data());
   }

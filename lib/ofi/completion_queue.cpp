@@ -66,6 +66,10 @@ std::size_t CompletionQueue::progress() {
   fi_cq_tagged_entry entries[kBatch];
   const long count = fi_cq_read(cq_.get(), entries, kBatch);
   if (count == -FI_EAGAIN) return 0;
+  return dispatch(entries, count);
+}
+
+std::size_t CompletionQueue::dispatch(const fi_cq_tagged_entry* entries, long count) {
   if (count == -FI_EAVAIL) [[unlikely]] {
     read_error_entry();
     return 1;

@@ -15,6 +15,8 @@
 #include "ofi/fid.hpp"
 #include "util/log_limit.hpp"
 
+struct fi_cq_tagged_entry;
+
 namespace loom::ofi {
 
 class Nic;
@@ -42,6 +44,9 @@ class CompletionQueue {
   std::size_t progress();
 
  private:
+  // progress() once the read returned something other than "nothing": out of line, so that an
+  // empty read (most reads of a spinning wait) costs the call alone.
+  std::size_t dispatch(const fi_cq_tagged_entry* entries, long count);
   void read_error_entry();
 
   Nic* nic_;

@@ -224,19 +224,8 @@ void Comm::hold_shared_region(Part& part, const MemoryRegion& region) noexcept {
   part.region = entry | kSharedRegion;
 }
 
-void Comm::release_regions(Request& request) noexcept {
-  if (request.is_batch()) [[unlikely]]
-    return release_batch(request);
-  for (std::size_t i = 0; i < request.part_count; ++i) {
-    const Part& part = request.parts[i];
-    if (part.registration == nullptr) continue;
-    if ((part.region & kSharedRegion) != 0) {
-      lane_->shared_regions().let_go(part.region & ~kSharedRegion);
-      continue;
-    }
-    Registration& entry = registrations_[part.region];
-    if (--entry.users == 0 && entry.deregistered) release_slot(part.region);
-  }
+void Comm::release_shared_region(std::uint32_t entry) noexcept {
+  lane_->shared_regions().let_go(entry);
 }
 
 // A region of the context: the lane's registration of it. Once the lane has one, a post takes
@@ -278,8 +267,8 @@ const ofi::MemoryRegistration* Comm::lookup_shared(const MemoryRegion& region, c
   return &shared.registration(entry);
 }
 
-const ofi::MemoryRegistration* Comm::lookup(const MemoryRegion& region, const void* data,
-                                            std::size_t size) {
+const ofi::MemoryRegistration* Comm::lookup_elsewhere(const MemoryRegion& region, const void* data,
+                                                      std::size_t size) {
   if (region.owner_ == context_id_) [[unlikely]]
     return lookup_shared(region, data, size);
   if (region.owner_ != serial_ || region.slot_ >= registrations_.size() ||
@@ -308,29 +297,15 @@ Status Comm::reject(Status status, std::string text) {
   return status;
 }
 
-Request* Comm::allocate(RequestKind kind) {
-  // The peer's silence counts only while something waits on it (from the next check_peer).
-  const bool idle = requests_.all_free();
-  Request* taken = requests_.take();
-  if (taken == nullptr) [[unlikely]]
-    return nullptr;
-  if (idle) since_check_ = SinceCheck::kWaitBegan;
-  Request& r = *taken;
-  r.kind = kind;
-  r.record = RecordState::kPending;
-  if (++r.generation == 0) r.generation = 1;  // 0 is the empty handle's
-  r.backpressured = false;
-  r.part_count = 0;
-  r.batch = BatchState::kPosting;
-  r.ops_outstanding = 0;
-  r.status = Status::kOk;
-  r.stripes = r.stripes_posted = r.stripes_done = 0;
-  r.written = r.bodies = r.bodies_done = 0;
-  r.ready_to_send = ReadyToSendState::kNotNeeded;
-  r.placed_ahead = 0;
-  r.taken_ahead = 0;
-  r.error.clear();
-  return &r;
+Status Comm::refuse_post(const char* operation) {
+  if (closed_)
+    return reject(Status::kInvalid, std::string(operation) + " on a closed communicator");
+  return reject(Status::kPeerError, std::string(operation) + ": " + peer_gone_);
+}
+
+Status Comm::refuse_full(const char* operation) {
+  return reject(Status::kRetry, std::string(operation) + ": " + std::to_string(kMaxRequests) +
+                                    " requests already in flight; test some first");
 }
 
 void Comm::retry_later(Request& request) {

@@ -113,8 +113,23 @@ class Comm : public mux::CommPort {
   // Called by a request's completion (under the lane lock).
   virtual void on_op(Request& request, std::size_t index, const ofi::Completion& completion) = 0;
   // The request is retired: neither the provider nor its user holds it any more (under the
-  // lane lock). Its parts let go of their regions.
-  void release_regions(Request& request) noexcept;
+  // lane lock). Its parts let go of their regions. Inline: every test that finds a request
+  // done retires it.
+  void release_regions(Request& request) noexcept {
+    if (request.is_batch()) [[unlikely]]
+      return release_batch(request);
+    for (std::size_t i = 0; i < request.part_count; ++i) {
+      const Part& part = request.parts[i];
+      if (part.registration == nullptr) continue;
+      if ((part.region & kSharedRegion) != 0) [[unlikely]] {
+        release_shared_region(part.region & ~kSharedRegion);
+        continue;
+      }
+      Registration& entry = registrations_[part.region];
+      if (--entry.users == 0 && entry.deregistered) [[unlikely]]
+        release_slot(part.region);
+    }
+  }
   // No operation of the communicator is left with the provider.
   [[nodiscard]] bool drained() const noexcept override;
   [[nodiscard]] bool abandoned() const noexcept override { return peer_ == PeerState::kLost; }
@@ -132,7 +147,32 @@ class Comm : public mux::CommPort {
     bool deregistered = false;
   };
 
-  Request* allocate(RequestKind kind);
+  // A request taken from the pool and made new for a post of `kind`, or nullptr when
+  // kMaxRequests are in flight. Inline: every post starts here.
+  Request* allocate(RequestKind kind) {
+    // The peer's silence counts only while something waits on it (from the next check_peer).
+    const bool idle = requests_.all_free();
+    Request* taken = requests_.take();
+    if (taken == nullptr) [[unlikely]]
+      return nullptr;
+    if (idle) since_check_ = SinceCheck::kWaitBegan;
+    Request& r = *taken;
+    r.kind = kind;
+    r.record = RecordState::kPending;
+    if (++r.generation == 0) r.generation = 1;  // 0 is the empty handle's
+    r.backpressured = false;
+    r.part_count = 0;
+    r.batch = BatchState::kPosting;
+    r.ops_outstanding = 0;
+    r.status = Status::kOk;
+    r.stripes = r.stripes_posted = r.stripes_done = 0;
+    r.written = r.bodies = r.bodies_done = 0;
+    r.ready_to_send = ReadyToSendState::kNotNeeded;
+    r.placed_ahead = 0;
+    r.taken_ahead = 0;
+    r.error.clear();
+    return &r;
+  }
   // Gives every registration back to the lane's cache (under the lane lock).
   virtual void release_registrations();
   // The peer's addresses are in (connect_peer, under the lane lock): what needs them starts.
@@ -143,8 +183,24 @@ class Comm : public mux::CommPort {
   // uses them, the peer leaves the lane's AVs.
   void release_peer_addresses() noexcept;
   // The registration behind `region` covering [data, data + size), or nullptr (last_error_ set).
+  // Inline: every post with a buffer passes here, mostly with a region of its own communicator.
   const ofi::MemoryRegistration* lookup(const MemoryRegion& region, const void* data,
-                                        std::size_t size);
+                                        std::size_t size) {
+    if (region.owner_ == serial_ && region.slot_ < registrations_.size()) [[likely]] {
+      const Registration& entry = registrations_[region.slot_];
+      const auto* p = static_cast<const std::byte*>(data);
+      if (entry.registration != nullptr && entry.generation == region.generation_ &&
+          p >= entry.base && size <= entry.size &&
+          static_cast<std::size_t>(p - entry.base) <= entry.size - size) [[likely]] {
+        return entry.registration;
+      }
+    }
+    return lookup_elsewhere(region, data, size);
+  }
+  // lookup() for a region of the context, or one it refuses (saying why).
+  [[gnu::noinline]] const ofi::MemoryRegistration* lookup_elsewhere(const MemoryRegion& region,
+                                                                    const void* data,
+                                                                    std::size_t size);
   const ofi::MemoryRegistration* lookup_shared(const MemoryRegion& region, const void* data,
                                                std::size_t size);
   // The lane's entry for the context's `region`, registered on the lane now if it had none; or
@@ -168,8 +224,13 @@ class Comm : public mux::CommPort {
     ++registrations_[region.slot_].users;
   }
   void hold_shared_region(Part& part, const MemoryRegion& region) noexcept;
+  void release_shared_region(std::uint32_t entry) noexcept;
   void release_slot(std::uint32_t slot);
   Status reject(Status status, std::string text);  // records last_error_
+  // A post (`operation`) refused because the communicator is closed or its peer gone, or because
+  // kMaxRequests are in flight.
+  [[gnu::cold]] Status refuse_post(const char* operation);
+  [[gnu::cold]] Status refuse_full(const char* operation);
   // The provider pushed back: advance() runs again at the lane's next progress.
   void retry_later(Request& request);
   // Where the peer stands. kClosed: it closed its end and said how far it got (its close

@@ -55,7 +55,9 @@ void SendCommImpl::post_eager(Request& r) {
   const bool ahead = part.send == SendState::kAwaitingClearance;
   ofi::Rail& data_rail = lane_->rails().data(0);
   const bool inject = injects(part);
-  const Carrier carrier = inject ? fill_carrier(part) : Carrier{};
+  // shm: neither control carried nor padding, decided before any call or sum.
+  const bool carrier_wanted = inject && (carry_control_ || min_carrier_ != 0);
+  const Carrier carrier = carrier_wanted ? fill_carrier(part) : Carrier{};
   // Sent ahead, it names itself and the receiver places it; matched, the buffer it was placed in.
   const std::uint64_t wire_tag =
       mux::encode_tag({mux::TagKind::kEager, peer_id_, ahead ? part.seq : part.peer_seq,
@@ -105,7 +107,6 @@ void SendCommImpl::post_eager(Request& r) {
 // which may exceed LOOM_INJECT_MAX) that the receiver's eager buffer takes. A taken message stays
 // in held_control_ until an inject carries it: back-pressure must not lose it.
 SendCommImpl::Carrier SendCommImpl::fill_carrier(const Part& part) {
-  if (!carry_control_ && min_carrier_ == 0) return {};  // shm: neither, decided before any sum
   const std::size_t limit = std::min(inject_size_, eager_size_);
   const bool pads = min_carrier_ <= limit && part.size + mux::kCarrierTrailerBytes < min_carrier_;
   std::size_t control = 0;

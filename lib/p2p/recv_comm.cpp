@@ -38,11 +38,8 @@ RecvCommImpl::Posted& RecvCommImpl::claim_posted(std::uint32_t seq) {
 Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& request) {
   request = nullptr;
   std::lock_guard lock(lane_->lock());
-  if (closed_) [[unlikely]]
-    return reject(Status::kInvalid, "irecv on a closed communicator");
-  if (peer_gone()) [[unlikely]] {
-    return reject(Status::kPeerError, "irecv: " + peer_gone_);
-  }
+  if (closed_ || peer_gone()) [[unlikely]]
+    return refuse_post("irecv");
   if (buffers.empty() || buffers.size() > kMaxParts) [[unlikely]] {
     return reject(Status::kInvalid, "irecv takes 1 to " + std::to_string(kMaxParts) +
                                         " buffers, got " + std::to_string(buffers.size()));
@@ -55,10 +52,8 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
       return Status::kInvalid;
   }
   Request* r = allocate(RequestKind::kRecv);
-  if (r == nullptr) [[unlikely]] {
-    return reject(Status::kRetry, "irecv: " + std::to_string(kMaxRequests) +
-                                      " requests already in flight; test some first");
-  }
+  if (r == nullptr) [[unlikely]]
+    return refuse_full("irecv");
   r->part_count = static_cast<std::uint8_t>(buffers.size());
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     const std::uint32_t seq = next_seq_++;

@@ -97,8 +97,20 @@ class RecvCommImpl final : public Comm {
   void on_ready_to_send(std::span<const std::byte> body);
   void apply_ready_to_send(Request& request, std::size_t index, const RtsEntry& rts);
   void finish_rendezvous(Part& part);
-  // The unfinished part for `seq` (compared on `mask` bits), or nullptr if none is.
-  Part* waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner, std::size_t* index);
+  // The unfinished part for `seq` (compared on `mask` bits), or nullptr if none is. Inline:
+  // every message that arrives looks for its part.
+  Part* waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner, std::size_t* index) {
+    const PartRef& ref = part_ref(seq);
+    if (ref.request == nullptr || !ref.request->in_use() ||
+        ref.request->kind != RequestKind::kRecv || ref.part >= ref.request->part_count) {
+      return nullptr;
+    }
+    Part& part = ref.request->parts[ref.part];
+    if ((part.seq & mask) != (seq & mask) || terminal(part.recv)) return nullptr;
+    *owner = ref.request;
+    *index = ref.part;
+    return &part;
+  }
   // close.cpp
   [[nodiscard]] CloseNotice close_notice(CloseReason reason) override;
   void fail_unfinished(const CloseNotice& notice, Status status, const std::string& why) override;

@@ -169,20 +169,6 @@ void SendCommImpl::fail_send(Request& r, const ofi::Completion& completion) {
 
 // ---- receiver ----
 
-Part* RecvCommImpl::waiting_part(std::uint32_t seq, std::uint32_t mask, Request** owner,
-                                 std::size_t* index) {
-  const PartRef& ref = part_ref(seq);
-  if (ref.request == nullptr || !ref.request->in_use() || ref.request->kind != RequestKind::kRecv ||
-      ref.part >= ref.request->part_count) {
-    return nullptr;
-  }
-  Part& part = ref.request->parts[ref.part];
-  if ((part.seq & mask) != (seq & mask) || terminal(part.recv)) return nullptr;
-  *owner = ref.request;
-  *index = ref.part;
-  return &part;
-}
-
 void RecvCommImpl::finish_rendezvous(Part& part) {
   if (part.recv != RecvState::kWriting) return;
   if (part.writes_seen < part.writes_expected) return;

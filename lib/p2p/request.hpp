@@ -240,16 +240,12 @@ class RequestPool {
 
   // A free request (still kFree), or nullptr when all `capacity` are in use.
   Request* take() {
-    if (!free_.empty()) {
+    if (!free_.empty()) [[likely]] {
       Request* r = free_.back();
       free_.pop_back();
       return r;
     }
-    if (requests_.size() == capacity_) return nullptr;
-    Request& r = requests_.emplace_back();  // within the reserved capacity: nothing moves
-    r.comm = owner_;
-    for (auto& op : r.ops) op.handler = &r;
-    return &r;
+    return build();
   }
   void give_back(Request& request) { free_.push_back(&request); }
   // The request built `index`-th, or nullptr (any index may come in: it is the user's).
@@ -273,6 +269,15 @@ class RequestPool {
   [[nodiscard]] std::span<const Request> built() const noexcept { return requests_; }
 
  private:
+  // A request not built before, or nullptr when all `capacity` are.
+  [[gnu::noinline]] Request* build() {
+    if (requests_.size() == capacity_) return nullptr;
+    Request& r = requests_.emplace_back();  // within the reserved capacity: nothing moves
+    r.comm = owner_;
+    for (auto& op : r.ops) op.handler = &r;
+    return &r;
+  }
+
   Comm* owner_;
   std::size_t capacity_;
   std::vector<Request> requests_;

@@ -37,58 +37,62 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
                            Request*& request) {
   request = nullptr;
   std::unique_lock lock(lane_->lock());
-  if (closed_) [[unlikely]]
-    return reject(Status::kInvalid, "isend on a closed communicator");
-  if (peer_gone()) [[unlikely]] {
-    return reject(Status::kPeerError, "isend: " + peer_gone_);
-  }
+  if (closed_ || peer_gone()) [[unlikely]]
+    return refuse_post("isend");
   const ofi::MemoryRegistration* registration = nullptr;
   if (size != 0) {
     registration = lookup(region, data, size);
     if (registration == nullptr) [[unlikely]]
       return Status::kInvalid;
   }
-  const std::size_t max_msg = lane_->rails().max_msg_size();
-  if (size > max_message_size(max_msg)) [[unlikely]] {
-    return reject(Status::kInvalid, "isend: " + std::to_string(size) + " bytes do not fit in " +
-                                        std::to_string(kMaxSendStripes) + " writes of at most " +
-                                        std::to_string(max_msg) + " bytes (max_msg_size of " +
-                                        settings_.provider + ")");
-  }
+  if (size > max_message_size(lane_->rails().max_msg_size())) [[unlikely]]
+    return refuse_size(size);
   // A clearance that came carried on the peer's last message waits in our inbox (our receiving
   // lane put it there). A message that cannot go ahead on a credit needs it now; one that can
   // leaves at once and meets its clearance at the next progress. Before this message has a
   // sequence number: what the inbox holds settles only messages posted before it.
   if (credits_ == 0 || size > eager_size_ || size > eager_max_) lane_->drain_inbox();
   Request* r = allocate(RequestKind::kSend);
-  if (r == nullptr) [[unlikely]] {
-    return reject(Status::kRetry, "isend: " + std::to_string(kMaxRequests) +
-                                      " requests already in flight; test some first");
-  }
+  if (r == nullptr) [[unlikely]]
+    return refuse_full("isend");
   const std::uint32_t seq = next_seq_++;
   trail_ask(asked_until_, seq);
   r->part_count = 1;
-  r->parts[0] = Part{.data = static_cast<std::byte*>(const_cast<void*>(data)),
-                     .size = size,
-                     .tag = tag,
-                     .registration = registration,
-                     .seq = seq,
-                     .peer_seq = seq};
-  if (registration != nullptr) hold_region(r->parts[0], region);
+  Part& part = r->parts[0];
+  part = Part{.data = static_cast<std::byte*>(const_cast<void*>(data)),
+              .size = size,
+              .tag = tag,
+              .registration = registration,
+              .seq = seq,
+              .peer_seq = seq};
+  if (registration != nullptr) hold_region(part, region);
   claim_outgoing(seq).send = r;
   if (group_known(seq)) {
-    r->parts[0].peer_seq = place(seq, tag);
+    part.peer_seq = place(seq, tag);
     match(*r);
+  } else if (ahead_next_ == seq && credits_ != 0 && eager_fits(part)) {
+    // No older message waits for a credit: this one goes ahead now, as send_ahead_waiting()
+    // would send it.
+    post_eager(*r);
+    if (part.send != SendState::kAwaitingClearance) ++ahead_next_;
   } else {
     send_ahead_waiting();  // this one too, on a credit, unless older ones wait for credits
   }
-  advance(*r);
+  if (!terminal(part.send)) advance(*r);
   request = r;
   lock.unlock();
   // Clear-to-sends batched on our receive lanes follow this message: the peer may be waiting
   // for them to send what we wait for next, but not before this one.
   kick_other_lanes();
   return Status::kOk;
+}
+
+Status SendCommImpl::refuse_size(std::size_t size) {
+  const std::size_t max_msg = lane_->rails().max_msg_size();
+  return reject(Status::kInvalid, "isend: " + std::to_string(size) + " bytes do not fit in " +
+                                      std::to_string(kMaxSendStripes) + " writes of at most " +
+                                      std::to_string(max_msg) + " bytes (max_msg_size of " +
+                                      settings_.provider + ")");
 }
 
 // Posts what the part's state allows. Closing: what has not left stays (the close notice

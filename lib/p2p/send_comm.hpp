@@ -64,6 +64,7 @@ class SendCommImpl final : public Comm {
   // buffers of groups not fully taken.
   [[nodiscard]] std::uint32_t in_flight_floor() const noexcept;
 
+  [[gnu::cold]] Status refuse_size(std::size_t size);
   void advance(Request& request) override;
   // A part of `request` leaves for kFailed or kFailing (what it owes drains first).
   void fail_part(Request& request, Part& part, Status status) override;

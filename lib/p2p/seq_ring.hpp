@@ -57,22 +57,17 @@ class SeqRing {
   // The entry of `seq`, made if its slot held another number's (or none). `in_use(slot)` says
   // whether that other entry must be kept: then the ring doubles first. Entries and extras move
   // when it does: references taken before a claim do not survive it.
+  // Inline, with the ring's growth out of line: every post claims an entry.
   template <class InUse>
   Entry& claim(std::uint32_t seq, InUse&& in_use) {
-    for (;;) {
-      Slot& s = slot(seq);
-      if (s.claimed && s.seq == seq) return s.entry;
-      if (!s.claimed || !in_use(s) || slots_.size() == kMaxCapacity) {
-        // At the largest capacity the newer number takes the slot, as in a table of
-        // kMaxCapacity entries: the numbers the protocol still reads lie within that span.
-        // (What an owner calls in use may be wider: a send whose message arrived, waiting
-        // for its application to test it.)
-        s = Slot{.seq = seq, .claimed = true, .entry = Entry{}};
-        std::fill_n(extras(seq), extras_per_slot_, 0);
-        return s.entry;
-      }
-      grow(in_use);
-    }
+    Slot& s = slot(seq);
+    if (s.claimed && s.seq == seq) return s.entry;
+    // At the largest capacity the newer number takes the slot, as in a table of kMaxCapacity
+    // entries: the numbers the protocol still reads lie within that span. (What an owner calls
+    // in use may be wider: a send whose message arrived, waiting for its application to test it.)
+    if (!s.claimed || !in_use(s) || slots_.size() == kMaxCapacity) [[likely]]
+      return take(s, seq);
+    return claim_grown(seq, in_use);
   }
 
   [[nodiscard]] std::span<Slot> slots() noexcept { return slots_; }
@@ -80,6 +75,23 @@ class SeqRing {
   [[nodiscard]] std::size_t capacity() const noexcept { return slots_.size(); }
 
  private:
+  Entry& take(Slot& s, std::uint32_t seq) {
+    s.seq = seq;
+    s.claimed = true;
+    s.entry = Entry{};
+    if (extras_per_slot_ != 0) std::fill_n(extras(seq), extras_per_slot_, 0);
+    return s.entry;
+  }
+  // claim() once the ring had to grow (it may have to again).
+  template <class InUse>
+  [[gnu::noinline]] Entry& claim_grown(std::uint32_t seq, InUse& in_use) {
+    for (;;) {
+      grow(in_use);
+      Slot& s = slot(seq);
+      if (s.claimed && s.seq == seq) return s.entry;
+      if (!s.claimed || !in_use(s) || slots_.size() == kMaxCapacity) return take(s, seq);
+    }
+  }
   // Twice the slots; the entries still in use move over (they cannot collide: they had
   // distinct slots at half the size), the others are dropped.
   template <class InUse>

@@ -244,6 +244,14 @@ TEST_CASE("p2p bad data-path input gives clear errors and the process and other 
   CHECK(post_into(in->irecv(nine), request) == Status::kInvalid);
   CHECK_THAT(in->last_error(), Catch::Contains("1 to 8 buffers"));
   CHECK(post_into(in->irecv({}), request) == Status::kInvalid);
+  // A buffer that starts before its region, or runs past its end, on the receiving side too.
+  const RecvBuffer below{buffer.data() + 65536 - 16, 32, 1, in_region};
+  CHECK(post_into(in->irecv({&below, 1}), request) == Status::kInvalid);
+  CHECK_THAT(in->last_error(), Catch::Contains("outside its registered region"));
+  const RecvBuffer past{buffer.data() + 65536 + 8000, 193, 1, in_region};
+  CHECK(post_into(in->irecv({&past, 1}), request) == Status::kInvalid);
+  CHECK_THAT(in->last_error(), Catch::Contains("outside its registered region"));
+  CHECK(!request.valid());
 
   // Messages larger than the posted buffer fail, eager and rendezvous: on the receiving side,
   // and on the sending side where the message waited for its buffer's announcement (one sent
