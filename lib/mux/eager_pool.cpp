@@ -68,7 +68,7 @@ void EagerPool::forget(std::size_t credits) {
   forgotten_.push_back({credits, std::chrono::steady_clock::now() + promise_timeout_});
 }
 
-void EagerPool::take_back() {
+bool EagerPool::take_back() {
   const std::size_t waiting = reposts_.size();
   while (!reposts_.empty()) {
     // Posted again up to the most ever promised at once: credits are topped up in bulk, and
@@ -81,9 +81,9 @@ void EagerPool::take_back() {
     }
     reposts_.pop_back();
   }
-  if (reposts_.size() != waiting) sink_->on_eager_released();
+  const bool taken = reposts_.size() != waiting;
   if (forgotten_.empty()) [[likely]]
-    return;
+    return taken;
   const auto now = std::chrono::steady_clock::now();
   const std::size_t before = forgotten_.size();
   std::erase_if(forgotten_, [&](const Forgotten& f) {
@@ -91,7 +91,7 @@ void EagerPool::take_back() {
     promised_ -= std::min(promised_, f.credits);
     return true;
   });
-  if (forgotten_.size() != before) sink_->on_eager_released();
+  return taken || forgotten_.size() != before;
 }
 
 void EagerPool::on_completion(ofi::OpContext& op, const ofi::Completion& completion) {

@@ -49,8 +49,6 @@ class EagerArrivalSink {
   // Who `arrival` is for decides what happens to its buffer; it must release() it. Returns
   // whether a communicator still attached took it (else a closed one's credit was spent).
   virtual bool on_eager_arrival(const EagerArrival& arrival) = 0;
-  // Buffers came back: credits may be promised again.
-  virtual void on_eager_released() = 0;
 
  protected:
   ~EagerArrivalSink() = default;
@@ -90,11 +88,10 @@ class EagerPool final : ofi::CompletionHandler {
   // have sent on them.
   void forget(std::size_t credits);
   // Takes back what was released (posted again where promises lack buffers, else idle), posts
-  // what the provider refused, and frees the promises whose time is up. Inline: every progress
-  // of the lane asks, and mostly there is nothing.
-  void retry() {
-    if (!reposts_.empty() || !forgotten_.empty()) take_back();
-  }
+  // what the provider refused, and frees the promises whose time is up; returns whether buffers
+  // came back (credits may be promised again). Inline: every progress of the lane asks, and
+  // mostly there is nothing.
+  [[nodiscard]] bool retry() { return (!reposts_.empty() || !forgotten_.empty()) && take_back(); }
 
   [[nodiscard]] std::size_t posted() const noexcept { return posted_; }
   [[nodiscard]] std::size_t promised() const noexcept { return promised_; }
@@ -115,7 +112,7 @@ class EagerPool final : ofi::CompletionHandler {
 
   void on_completion(ofi::OpContext& op, const ofi::Completion& completion) override;
   bool post(std::uint32_t buffer);
-  void take_back();  // retry()'s work
+  bool take_back();  // retry()'s work
   [[nodiscard]] std::uint32_t index_of(const ofi::OpContext& op) const noexcept {
     return static_cast<std::uint32_t>(reinterpret_cast<const Slot*>(&op) - slots_.data());
   }

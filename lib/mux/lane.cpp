@@ -175,10 +175,7 @@ void Lane::wait_for_credits(CommId id) {
   }
 }
 
-// Each communicator that waited tries again at its next deferred run (its batch promises).
-void Lane::on_eager_released() {
-  if (waiting_for_credits_.empty()) [[likely]]
-    return;
+void Lane::wake_credit_waiters() {
   for (CommId id : waiting_for_credits_)
     if (port_of(id) != nullptr) defer(id);
   waiting_for_credits_.clear();
@@ -294,7 +291,8 @@ std::size_t Lane::progress() {
   // for; and the eager buffers released since the last progress.
   drain_inbox();
   run_deferred();
-  if (eager_) eager_->retry();
+  if (eager_ && eager_->retry() && !waiting_for_credits_.empty()) [[unlikely]]
+    wake_credit_waiters();
   const std::size_t handled = rails_->progress();
   control_->retry();
   if (!retired_.empty()) [[unlikely]]

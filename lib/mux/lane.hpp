@@ -217,7 +217,9 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   void on_remote_write(std::uint64_t data) override;
   void on_control(const ControlHeader& header, std::span<const std::byte> body) override;
   bool on_eager_arrival(const EagerArrival& arrival) override;
-  void on_eager_released() override;
+  // Eager buffers came back: each communicator that waited for credits tries again at its next
+  // deferred run (its batch promises).
+  void wake_credit_waiters();
   // The communicator `id` names, or nullptr when none is attached under that id (generation
   // included).
   [[nodiscard]] CommPort* port_of(CommId id) const noexcept {

@@ -69,14 +69,6 @@ void RecvCommImpl::announce(Request& r) {
   if (!held_.empty() && r.part_count > 1) place_ahead(r);
 }
 
-// Buffers beyond the sender's credits are announced: their messages could not come ahead, and
-// would ask for it (a window of small receives deeper than the credits).
-bool RecvCommImpl::may_stay_quiet(const Request& r, const Part& part) const noexcept {
-  return r.part_count == 1 && pool_ != nullptr && part.size <= eager_size_ &&
-         part.status == Status::kOk && quiet_parts_ < credits_out_ &&
-         !seq_before(part.seq, asked_until_);
-}
-
 void RecvCommImpl::on_ask_clearance(std::span<const std::byte> body) {
   AskClearance ask;
   if (const char* why = decode_ask_clearance(body, ask)) [[unlikely]] {

@@ -67,7 +67,7 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
     if (registrations[i] != nullptr) hold_region(r->parts[i], buffers[i].region);
     claim_posted(seq).part = PartRef{r, static_cast<std::uint8_t>(i)};
   }
-  advance(*r);
+  if (!stay_quiet(*r)) announce_posted(*r);
   request = r;
   return Status::kOk;
 }
@@ -164,18 +164,15 @@ void RecvCommImpl::advance(Request& r) {
     post_flush_reads(r);
     return;
   }
+  if (r.parts[0].recv == RecvState::kAwaitingPost && stay_quiet(r)) return;
+  announce_posted(r);
+}
+
+void RecvCommImpl::announce_posted(Request& r) {
   bool urgent = credits_out_ + credits_to_grant_ == 0;
   for (std::size_t i = 0; i < r.part_count; ++i) {
     Part& part = r.parts[i];
-    if (part.recv == RecvState::kAwaitingPost) {
-      if (may_stay_quiet(r, part)) {
-        ++quiet_parts_;
-        part.to(RecvState::kQuiet);
-        if (!held_.empty()) deliver_held(r, part);
-        continue;
-      }
-      part.to(RecvState::kToAnnounce);
-    }
+    if (part.recv == RecvState::kAwaitingPost) part.to(RecvState::kToAnnounce);
     urgent = urgent || part.size > eager_size_;
   }
   if (r.parts[0].recv == RecvState::kQuiet || terminal(r.parts[0].recv)) return;

@@ -71,8 +71,27 @@ class RecvCommImpl final : public Comm {
   std::size_t encode_batch(std::span<std::byte> out);
   void batch_left(Status status);
   void repeat_clearances(std::uint32_t from) override;
-  // Whether the part may wait unannounced (kQuiet) for a message sent ahead.
-  [[nodiscard]] bool may_stay_quiet(const Request& request, const Part& part) const noexcept;
+  // Whether the part may wait unannounced (kQuiet) for a message sent ahead: the request's only
+  // one, and the sender's credits cover it (buffers beyond them are announced: their messages
+  // could not come ahead, and would ask for it, as a window of small receives deeper than the
+  // credits would).
+  [[nodiscard]] bool may_stay_quiet(const Request& r, const Part& part) const noexcept {
+    return r.part_count == 1 && pool_ != nullptr && part.size <= eager_size_ &&
+           part.status == Status::kOk && quiet_parts_ < credits_out_ &&
+           !seq_before(part.seq, asked_until_);
+  }
+  // A newly posted one-part request that may stay quiet does (delivered at once if its message
+  // came ahead); false for any other. Inline: most small receives end their post here.
+  bool stay_quiet(Request& r) {
+    Part& part = r.parts[0];
+    if (!may_stay_quiet(r, part)) return false;
+    ++quiet_parts_;
+    part.to(RecvState::kQuiet);
+    if (!held_.empty()) deliver_held(r, part);
+    return true;
+  }
+  // The posted parts not quiet are announced (at once where the sender can do nothing before).
+  void announce_posted(Request& r);
   void on_ask_clearance(std::span<const std::byte> body);
   // Announces the quiet parts posted with [from, until).
   void announce_quiet(std::uint32_t from, std::uint32_t until);
