@@ -3,6 +3,7 @@
 // its receiver, eager and rendezvous messages mixed, and a peer dying with credits out.
 #include <algorithm>
 #include <csignal>
+#include <deque>
 #include <optional>
 #include <random>
 #include <thread>
@@ -255,6 +256,112 @@ TEST_CASE("p2p a receive lane posts eager buffers for its credits and not its wh
   const std::string failure = run_pair(receiver, sender);
   INFO(failure);
   REQUIRE(failure.empty());
+}
+
+// A receiving communicator whose promise found the lane's pool dry waits for credits, and gets
+// them when buffers come back, not only at its next batch: its sender may have messages
+// waiting that no receive will announce soon (posted ahead of their receives). One process,
+// five communicators each way on one lane pair, 4 credits (a pool of 16): the first four take
+// the whole pool, the fifth's sender posts a message while none is left and asks for it in
+// vain; then messages on two of the first come and go, and their buffers must reach the fifth.
+TEST_CASE("p2p a communicator that found the pool dry gets credits when buffers come back",
+          "[credits]") {
+  constexpr unsigned kCredits = 4;
+  constexpr std::size_t kComms = 5;
+  constexpr std::size_t kSize = 64;
+  Config config = credits_config(kCredits);
+  config.peer_timeout_ms = 60000;  // no liveness ping, whose answer would promise too
+  Context context(config);
+  Listener listener = context.listen();
+  // Each message's buffer and pattern; declared before the communicators, freed after them.
+  struct Message {
+    Communicator* comm = nullptr;
+    Request request;
+    std::vector<std::byte> buffer;
+    std::uint64_t seed = 0;
+    bool receive = false;
+    bool done = false;
+  };
+  std::deque<Message> messages;
+  std::vector<std::unique_ptr<SendComm>> outs;
+  std::vector<std::unique_ptr<RecvComm>> ins;
+  for (std::size_t i = 0; i < kComms; ++i) {
+    Connector connector = context.connect(listener.handle());
+    CommPair pair = connect_both(connector, listener, "communicators " + std::to_string(i));
+    outs.push_back(std::move(pair.out));
+    ins.push_back(std::move(pair.in));
+  }
+  const CloseOnUnwind close_outs{outs};
+  const CloseOnUnwind close_ins{ins};
+  auto post_receive = [&](std::size_t comm, std::uint64_t seed) -> Message& {
+    Message& m = messages.emplace_back();
+    m = Message{.comm = ins[comm].get(),
+                .buffer = std::vector<std::byte>(kSize),
+                .seed = seed,
+                .receive = true};
+    MemoryRegion region = ins[comm]->register_memory(m.buffer.data(), kSize);
+    RecvBuffer target{m.buffer.data(), kSize, Tag(seed), region};
+    require(post_into(ins[comm]->irecv({&target, 1}), m.request) == Status::kOk,
+            ins[comm]->last_error());
+    return m;
+  };
+  auto post_send = [&](std::size_t comm, std::uint64_t seed) -> Message& {
+    Message& m = messages.emplace_back();
+    m = Message{.comm = outs[comm].get(), .buffer = std::vector<std::byte>(kSize), .seed = seed};
+    fill_pattern(m.buffer, seed);
+    MemoryRegion region = outs[comm]->register_memory(m.buffer.data(), kSize);
+    require(post_into(outs[comm]->isend(m.buffer.data(), kSize, Tag(seed), region), m.request) ==
+                Status::kOk,
+            outs[comm]->last_error());
+    return m;
+  };
+  // One test of every pending request: both lanes progress.
+  auto pump = [&] {
+    for (Message& m : messages) {
+      if (m.done) continue;
+      const Status status = test_once(*m.comm, m.request, m.done);
+      require(status == Status::kOk,
+              "message " + std::to_string(m.seed) + " failed: " + m.comm->last_error());
+    }
+  };
+  auto pump_until = [&](const Message& m, const std::string& what) {
+    poll_until([&] { return m.done; }, pump, what, 10000ms);
+  };
+
+  // The first four take the pool: a receive each, announced with its credits promised.
+  std::vector<Message*> first;
+  for (std::size_t i = 0; i + 1 < kComms; ++i) first.push_back(&post_receive(i, 100 + i));
+  // The fifth finds none left: a receive, and its message by clear-to-send.
+  const std::size_t fifth = kComms - 1;
+  Message& fifth_receive = post_receive(fifth, 200);
+  pump_until(post_send(fifth, 200), "the fifth communicator's first send");
+  pump_until(fifth_receive, "the fifth communicator's first receive");
+  // A message posted ahead of its receive, with no credit: its sender asks, in vain.
+  Message& waiting = post_send(fifth, 201);
+  const auto until = std::chrono::steady_clock::now() + 300ms;
+  while (std::chrono::steady_clock::now() < until) pump();
+  REQUIRE_FALSE(waiting.done);  // else the pool was not dry, and the rest shows nothing
+  const std::uint64_t eager_before = outs[fifth]->stats().eager;
+  // Messages on the first two communicators land and are delivered: their buffers come back,
+  // and the waiting message must go ahead on the credits they became (granted at half of
+  // LOOM_EAGER_CREDITS: two).
+  for (std::size_t i = 0; i < 2; ++i) {
+    post_send(i, 100 + i);
+    pump_until(*first[i], "communicator " + std::to_string(i) + "'s message");
+  }
+  pump_until(waiting, "the message that waited for a credit");
+  CHECK(outs[fifth]->stats().eager == eager_before + 1);
+  // Its receive, posted now, takes it from the eager buffer it waits in; the other first
+  // receives get their messages.
+  pump_until(post_receive(fifth, 201), "the late receive");
+  for (std::size_t i = 2; i + 1 < kComms; ++i) {
+    post_send(i, 100 + i);
+    pump_until(*first[i], "communicator " + std::to_string(i) + "'s message");
+  }
+  for (const Message& m : messages) {
+    CHECK(m.done);
+    if (m.receive) CHECK(check_pattern(m.buffer, m.seed).empty());
+  }
 }
 
 TEST_CASE("p2p a sender far ahead of a receiver that posts late", "[credits]") {
