@@ -67,7 +67,7 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
     if (registrations[i] != nullptr) hold_region(r->parts[i], buffers[i].region);
     claim_posted(seq).part = PartRef{r, static_cast<std::uint8_t>(i)};
   }
-  if (!stay_quiet(*r)) announce_posted(*r);
+  advance(*r);
   request = r;
   return Status::kOk;
 }

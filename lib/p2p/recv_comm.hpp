@@ -81,7 +81,7 @@ class RecvCommImpl final : public Comm {
            !seq_before(part.seq, asked_until_);
   }
   // A newly posted one-part request that may stay quiet does (delivered at once if its message
-  // came ahead); false for any other. Inline: most small receives end their post here.
+  // came ahead); false for any other, which announce_posted() takes.
   bool stay_quiet(Request& r) {
     Part& part = r.parts[0];
     if (!may_stay_quiet(r, part)) return false;

@@ -70,11 +70,6 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   if (group_known(seq)) {
     part.peer_seq = place(seq, tag);
     match(*r);
-  } else if (ahead_next_ == seq && credits_ != 0 && eager_fits(part)) {
-    // No older message waits for a credit: this one goes ahead now, as send_ahead_waiting()
-    // would send it.
-    post_eager(*r);
-    if (part.send != SendState::kAwaitingClearance) ++ahead_next_;
   } else {
     send_ahead_waiting();  // this one too, on a credit, unless older ones wait for credits
   }
