@@ -5,10 +5,12 @@
 # bench/scripts/callgrind_cost.py prints the difference per message: loom's, libfabric's and
 # libc's instructions, and loom's functions. Installs valgrind if it is missing (Debian 12).
 #
-#   scripts/cost.sh [-p PROVIDER] [-S SIZE] [--idle] [--before-lib DIR] [--top N]
+#   scripts/cost.sh [-p PROVIDER] [-S SIZE] [--idle] [--cache] [--before-lib DIR] [--top N]
 #
 # --idle: what a test that finds nothing costs instead (20000 and 120000 of them, no rounds):
 # the period of a waiting loop, which delays every message it waits for by half of it on average.
+# --cache: callgrind's cache simulation too, and the L1 misses per message by library (both ends
+# share the simulated cache: compare builds with it, not with a ping-pong's processes).
 #
 # --before-lib DIR: the same fi_p2p_cost also against DIR's libloom.so.0 (an earlier commit's
 # release build, whose public API this bench uses unchanged), found first through
@@ -16,7 +18,7 @@
 # default tcp;ofi_rxm as for fi_p2p_bw.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-provider=${FI_PROVIDER:-} size=8 before="" top=20 idle=0
+provider=${FI_PROVIDER:-} size=8 before="" top=20 idle=0 cache=()
 while [ $# -gt 0 ]; do
   case $1 in
     -p) provider=$2; shift 2 ;;
@@ -24,6 +26,7 @@ while [ $# -gt 0 ]; do
     --before-lib) before=$2; shift 2 ;;
     --top) top=$2; shift 2 ;;
     --idle) idle=1; shift ;;
+    --cache) cache=(--cache-sim=yes); shift ;;
     *) echo "cost.sh: unknown argument $1 (see the script's header)" >&2; exit 2 ;;
   esac
 done
@@ -57,7 +60,7 @@ profile() {
   local label=$1 libs=$2 n
   for n in "${rounds[@]}"; do
     LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} valgrind --tool=callgrind \
-      --callgrind-out-file="$out/$label-$n.out" "$bin" "${args[@]}" $([ "$idle" = 1 ] && echo "-n 0 --idle $n" || echo "-n $n") 2>"$out/$label-$n.err" |
+      "${cache[@]}" --callgrind-out-file="$out/$label-$n.out" "$bin" "${args[@]}" $([ "$idle" = 1 ] && echo "-n 0 --idle $n" || echo "-n $n") 2>"$out/$label-$n.err" |
       grep -v '^#' || { cat "$out/$label-$n.err" >&2; exit 1; }
   done
 }
@@ -68,4 +71,5 @@ if [ -n "$before" ]; then
   against=(--against "$out/before-${rounds[0]}.out" "$out/before-${rounds[1]}.out")
 fi
 python3 bench/scripts/callgrind_cost.py "$out/now-${rounds[0]}.out" "$out/now-${rounds[1]}.out" \
-  $((rounds[1] - rounds[0])) --top "$top" "${idle_args[@]}" "${against[@]}"
+  $((rounds[1] - rounds[0])) --top "$top" "${idle_args[@]}" "${against[@]}" \
+  $([ ${#cache[@]} -gt 0 ] && echo --cache)

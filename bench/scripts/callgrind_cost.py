@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instructions per message from two callgrind profiles of fi_p2p_cost (scripts/cost.sh).
 
-  callgrind_cost.py SHORT.out LONG.out ROUNDS [--idle] [--label NAME] [--top N]
+  callgrind_cost.py SHORT.out LONG.out ROUNDS [--idle] [--cache] [--label NAME] [--top N]
       [--against SHORT.out LONG.out --against-label NAME]
 
 SHORT and LONG ran the same fi_p2p_cost with ROUNDS more timed rounds in LONG: their
@@ -11,22 +11,27 @@ send, its receive and the tests that finish them. --idle: ROUNDS more tests of a
 nothing fills (fi_p2p_cost --idle), and the figures are per such test. Printed by shared object (loom, libfabric,
 libc, the rest), then loom's functions by their own instructions (inlined code counts where it
 was inlined). --against adds another pair (an earlier libloom, say) as a second column.
+--cache: the profiles were taken with --cache-sim=yes; the L1 misses per message follow
+(instruction reads, data reads, data writes), by shared object. Both ends share one simulated
+cache here, so the counts are a footprint's, not what either process of a ping-pong meets.
 """
 import argparse
 import re
 import subprocess
 import sys
 
-LINE = re.compile(r'^\s*([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?(\S.*)$')
+COST = r'([\d,]+)\s+(?:\(\s*[\d.]+%\)\s+)?'
+MISSES = ['I1mr', 'D1mr', 'D1mw']
 
 
-def profile(path):
-    """{(object, function): self instructions} from callgrind_annotate."""
-    out = subprocess.run(['callgrind_annotate', '--threshold=100', path], check=True,
-                         capture_output=True, text=True).stdout
+def profile(path, event):
+    """{(object, function): self count of `event`} from callgrind_annotate."""
+    out = subprocess.run(['callgrind_annotate', '--threshold=100', f'--show={event}',
+                          f'--sort={event}', path], check=True, capture_output=True,
+                         text=True).stdout
     costs = {}
     for line in out.splitlines():
-        m = LINE.match(line)
+        m = re.match(r'^\s*' + COST + r'(\S.*)$', line)
         if not m or '=>' in line or 'PROGRAM TOTALS' in line or 'events annotated' in line:
             continue
         name = m.group(2)
@@ -39,8 +44,8 @@ def profile(path):
     return costs
 
 
-def per_unit(short, long_, units):
-    a, b = profile(short), profile(long_)
+def per_unit(short, long_, units, event='Ir'):
+    a, b = profile(short, event), profile(long_, event)
     return {k: (b.get(k, 0) - a.get(k, 0)) / units for k in set(a) | set(b)}
 
 
@@ -68,6 +73,7 @@ def main():
     ap.add_argument('long')
     ap.add_argument('rounds', type=int)
     ap.add_argument('--idle', action='store_true')
+    ap.add_argument('--cache', action='store_true')
     ap.add_argument('--label', default='this build')
     ap.add_argument('--top', type=int, default=20)
     ap.add_argument('--against', nargs=2, metavar=('SHORT', 'LONG'))
@@ -88,6 +94,14 @@ def main():
     for name in names:
         print(f'{name:28}' + ''.join(f'{g.get(name, 0):14.0f}' for g in groups))
     print(f'{"total":28}' + ''.join(f'{sum(g.values()):14.0f}' for g in groups))
+    if args.cache:
+        pairs = [(args.short, args.long)] + ([tuple(args.against)] if args.against else [])
+        for event in MISSES:
+            counts = [by_group(per_unit(a, b, units, event)) for a, b in pairs]
+            print(f'\nL1 misses per {unit}, {event} (simulated)')
+            for name in names:
+                print(f'{name:28}' + ''.join(f'{c.get(name, 0):14.2f}' for c in counts))
+            print(f'{"total":28}' + ''.join(f'{sum(c.values()):14.2f}' for c in counts))
     print(f'\nloom functions, own instructions per {unit} ({columns[0][0]} first)')
     first = columns[0][1]
     loom = sorted(((v, k) for k, v in first.items() if k[0].startswith('libloom')), reverse=True)
