@@ -204,6 +204,11 @@ void LaneRegistry::remove_control_source(std::uint64_t peer, const Lane& lane, C
 
 std::size_t LaneRegistry::take_carried_control(std::uint64_t peer, std::span<std::byte> out,
                                                std::uint64_t& target_lane) {
+  // A communicator that owes a control message has deferred it to its lane's next progress
+  // (p2p: announce, promise_credits, a batch pushed back): with no lane's work deferred, none
+  // is owed, and the search below would cost every message a lock and a lookup for nothing. A
+  // deferral this read misses leaves at its lane's progress, as an uncarried one does.
+  if (!any_deferred()) return 0;
   std::unique_lock lock(carriers_mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return 0;
   const auto [first, last] = std::equal_range(sources_.begin(), sources_.end(), peer, ByPeer{});
