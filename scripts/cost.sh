@@ -46,30 +46,32 @@ if [ -n "$before" ] && [ ! -e "$before/libloom.so.0" ]; then
 fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+# Two runs each, of rounds[0] and rounds[1] rounds (or idle tests); the report divides the
+# difference.
 rounds=(2000 12000)
 args=(-S "$size")
-idle_args=()
+[ -n "$provider" ] && args+=(-p "$provider")
+report=(--top "$top")
 if [ "$idle" = 1 ]; then
   rounds=(20000 120000)
-  idle_args=(--idle)
+  report+=(--idle)
 fi
-[ -n "$provider" ] && args+=(-p "$provider")
+[ ${#cache[@]} -gt 0 ] && report+=(--cache)
 
-# Runs `$1` (a label) with the environment's LD_LIBRARY_PATH plus $2 (may be empty).
+# Profiles fi_p2p_cost as `$1` (a label), with $2 (may be empty) first on LD_LIBRARY_PATH.
 profile() {
-  local label=$1 libs=$2 n
+  local label=$1 libs=$2 n count
   for n in "${rounds[@]}"; do
+    if [ "$idle" = 1 ]; then count=(-n 0 --idle "$n"); else count=(-n "$n"); fi
     LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} valgrind --tool=callgrind \
-      "${cache[@]}" --callgrind-out-file="$out/$label-$n.out" "$bin" "${args[@]}" $([ "$idle" = 1 ] && echo "-n 0 --idle $n" || echo "-n $n") 2>"$out/$label-$n.err" |
-      grep -v '^#' || { cat "$out/$label-$n.err" >&2; exit 1; }
+      "${cache[@]}" --callgrind-out-file="$out/$label-$n.out" "$bin" "${args[@]}" "${count[@]}" \
+      2>"$out/$label-$n.err" | grep -v '^#' || { cat "$out/$label-$n.err" >&2; exit 1; }
   done
 }
 profile now ""
-against=()
 if [ -n "$before" ]; then
   profile before "$before"
-  against=(--against "$out/before-${rounds[0]}.out" "$out/before-${rounds[1]}.out")
+  report+=(--against "$out/before-${rounds[0]}.out" "$out/before-${rounds[1]}.out")
 fi
 python3 bench/scripts/callgrind_cost.py "$out/now-${rounds[0]}.out" "$out/now-${rounds[1]}.out" \
-  $((rounds[1] - rounds[0])) --top "$top" "${idle_args[@]}" "${against[@]}" \
-  $([ ${#cache[@]} -gt 0 ] && echo --cache)
+  $((rounds[1] - rounds[0])) "${report[@]}"
