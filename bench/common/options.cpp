@@ -187,6 +187,24 @@ void add_shared_options(CLI::App& app, int& groups, unsigned& timeout_s,
   app.add_option("--json", json, json_doc);
 }
 
+void add_provider_settings_flag(CLI::App& app, bool& provider_settings) {
+  app.add_flag_callback(
+      "--no-provider-settings", [&provider_settings] { provider_settings = false; },
+      "leave loom's recommended provider settings unset (else set where unset)");
+}
+
+bool parse_command_line(CLI::App& app, int argc, char** argv, bool print_help) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    if (print_help) app.exit(e);
+    return false;
+  } catch (const CLI::ParseError& e) {
+    throw std::invalid_argument(e.what());
+  }
+  return true;
+}
+
 ParseResult parse_options(int argc, char** argv, Options& o) {
   CLI::App app{
       "fi_p2p_bw: bandwidth, message rate and latency through loom.\n"
@@ -251,19 +269,10 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   std::string device = "host";
   app.add_option("--device", device,
                  "message buffers in host memory or on a GPU: host, cuda or cuda:N (default host)");
-  bool no_provider_settings = false;
-  app.add_flag("--no-provider-settings", no_provider_settings,
-               "leave loom's recommended provider settings unset (else set where unset)");
+  add_provider_settings_flag(app, o.provider_settings);
   app.add_flag("--print-config", print_config,
                "print every LOOM_* variable as README's table and exit");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    app.exit(e);
-    return ParseResult::kExit;
-  } catch (const CLI::ParseError& e) {
-    throw std::invalid_argument(e.what());
-  }
+  if (!parse_command_line(app, argc, argv)) return ParseResult::kExit;
   if (print_config) {
     // README's Configuration table, row for row (the config-readme test compares them).
     std::printf("| variable | default | meaning |\n|---|---|---|\n");
@@ -274,7 +283,6 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
     }
     return ParseResult::kExit;
   }
-  o.provider_settings = !no_provider_settings;
   o.sizes = parse_sizes(sizes);
   if (app.count("-E") != 0 && !port.empty()) {
     const std::size_t value = parse_size(port);

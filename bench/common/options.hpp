@@ -89,6 +89,14 @@ void add_shared_options(CLI::App& app, int& groups, unsigned& timeout_s,
                         const std::string& timeout_doc, std::string& json,
                         const std::string& json_doc);
 
+// --no-provider-settings, one flag in every bench: clears `provider_settings` when given (see
+// apply_provider_settings).
+void add_provider_settings_flag(CLI::App& app, bool& provider_settings);
+// Parses the command line into `app`'s options: false when --help was asked for (the help
+// printed where `print_help`: one MPI rank prints it, the others stay quiet); a bad option
+// throws std::invalid_argument with CLI11's one-line reason.
+bool parse_command_line(CLI::App& app, int argc, char** argv, bool print_help = true);
+
 enum class ParseResult { kRun, kExit };
 // Fills `options`; on --help or --print-config prints and returns kExit; on a bad option
 // prints one line to stderr and throws std::invalid_argument.

@@ -23,7 +23,6 @@ ParseResult parse_alltoall_options(int argc, char** argv, AlltoallOptions& o, bo
   std::string sizes = "l:4k,64k,1m";
   std::vector<std::string> patterns;
   std::string yield = "auto";
-  bool no_provider_settings = false;
   app.add_option("--pattern", patterns,
                  "pairs (pairs-turn and pairs-once), pairs-turn, pairs-once, alltoall, ep; "
                  "comma-separated (default pairs,alltoall,ep)")
@@ -60,16 +59,8 @@ ParseResult parse_alltoall_options(int argc, char** argv, AlltoallOptions& o, bo
                  "ranks than they have cores), always, never")
       ->check(CLI::IsMember({"auto", "always", "never"}));
   app.add_flag("-q", o.quiet, "aggregate lines only, no line per rank");
-  app.add_flag("--no-provider-settings", no_provider_settings,
-               "leave loom's recommended provider settings unset (else set where unset)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    if (print) app.exit(e);
-    return ParseResult::kExit;
-  } catch (const CLI::ParseError& e) {
-    throw std::invalid_argument(e.what());
-  }
+  add_provider_settings_flag(app, o.provider_settings);
+  if (!parse_command_line(app, argc, argv, print)) return ParseResult::kExit;
   if (patterns.empty()) patterns = {"pairs", "alltoall", "ep"};
   for (const auto& p : patterns) {
     if (p == "pairs" || p == "pairs-turn") o.pairs_in_turn = true;
@@ -82,7 +73,6 @@ ParseResult parse_alltoall_options(int argc, char** argv, AlltoallOptions& o, bo
   if (o.hidden < 8 || o.hidden > (std::size_t{16} << 20)) {
     throw std::invalid_argument("--hidden: 8 bytes to 16 MiB per token");
   }
-  o.provider_settings = !no_provider_settings;
   o.yield = yield == "always"  ? YieldMode::kAlways
             : yield == "never" ? YieldMode::kNever
                                : YieldMode::kAuto;

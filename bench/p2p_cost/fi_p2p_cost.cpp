@@ -207,25 +207,15 @@ bool parse(int argc, char** argv, CostOptions& o) {
       "fi_p2p_cost: a ping-pong between two contexts in one thread, for instruction counts\n"
       "without polling (scripts/cost.sh runs it under callgrind)."};
   std::string size = "8";
-  bool no_settings = false;
   app.add_option("-p", o.provider, "libfabric provider (else LOOM_PROVIDER, FI_PROVIDER)");
   app.add_option("-S", size, "message size (k/m suffixes)");
   app.add_option("-n,--rounds", o.rounds, "timed rounds (default 20000)");
   app.add_option("-w", o.warmup, "rounds before them (default 200)");
   app.add_option("--idle", o.idle_tests,
                  "then this many tests of a receive nothing fills (what a waiting test costs)");
-  app.add_flag("--no-provider-settings", no_settings,
-               "leave loom's recommended provider settings unset (else set where unset)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    app.exit(e);
-    return false;
-  } catch (const CLI::ParseError& e) {
-    throw std::invalid_argument(e.what());
-  }
+  loom::bench::add_provider_settings_flag(app, o.provider_settings);
+  if (!loom::bench::parse_command_line(app, argc, argv)) return false;
   o.size = loom::bench::parse_size(size);
-  o.provider_settings = !no_settings;
   return true;
 }
 

@@ -66,14 +66,7 @@ bool parse(int argc, char** argv, HubOptions& o) {
   add_shared_options(app, o.groups, o.timeout_s, "seconds for the whole run (default 120)", o.json,
                      "also write the rows and per-peer figures as JSON");
   app.add_flag("-q,--quiet", o.quiet, "only the header and the rows");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    app.exit(e);
-    return false;
-  } catch (const CLI::ParseError& e) {
-    throw std::invalid_argument(e.what());
-  }
+  if (!parse_command_line(app, argc, argv)) return false;
   if (peers.empty()) peers = {1, 2, 4, 8, 16, 32};
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
