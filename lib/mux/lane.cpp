@@ -284,7 +284,7 @@ bool Lane::quiescent() const noexcept {
   });
 }
 
-std::size_t Lane::progress() {
+std::size_t Lane::progress(ofi::RailSet::Awaiting awaiting) {
   progressed_.store(true, std::memory_order_relaxed);
   // What came carried on another lane's messages, then batched control messages and posts held
   // back by back-pressure, so what the peer waits for leaves before we look for what we wait
@@ -293,7 +293,7 @@ std::size_t Lane::progress() {
   run_deferred();
   if (eager_ && eager_->retry() && !waiting_for_credits_.empty()) [[unlikely]]
     wake_credit_waiters();
-  const std::size_t handled = rails_->progress();
+  const std::size_t handled = rails_->progress(awaiting);
   control_->retry();
   if (!retired_.empty()) [[unlikely]]
     free_drained();

@@ -175,7 +175,8 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   // batched by a communicator (clear-to-send, ready-to-send) leaves the host: at the next
   // progress of its lane, i.e. the next isend/irecv/test on any communicator of the lane, or
   // of another lane of the context (Comm::kick_other_lanes), or when its batch fills.
-  std::size_t progress();
+  // `awaiting`: see ofi::RailSet::progress.
+  std::size_t progress(ofi::RailSet::Awaiting awaiting = ofi::RailSet::Awaiting::kAnything);
   // Only the deferred work.
   void run_deferred();
 

@@ -106,19 +106,24 @@ RailSet::~RailSet() {
   if (!endpoint_mr) rails_.clear();
 }
 
-std::size_t RailSet::progress() {
+std::size_t RailSet::progress(Awaiting awaiting) {
   // Credits the provider refused (FI_RX_CQ_DATA back-pressure) are posted again first: remote
   // writes stall while none is posted. Only data rails hold receives.
   for (std::size_t i = 0; i < data_rails_; ++i) rails_[i]->retry_receives();
   std::size_t handled = 0;
   for (std::size_t i = 0; i < data_cqs_; ++i) handled += cqs_[i]->progress();
-  if (handled != 0 && control_skips_left_ > 0) {
+  if (handled == 0) {
+    control_skips_left_ =
+        awaiting == Awaiting::kData ? std::min(control_skips_left_, kQuietControlSkips) : 0;
+  }
+  if (control_skips_left_ > 0) {
     --control_skips_left_;
     return handled;
   }
+  ++control_reads_;
   std::size_t control = 0;
   for (std::size_t i = data_cqs_; i < cqs_.size(); ++i) control += cqs_[i]->progress();
-  control_skips_left_ = control == 0 ? kIdleControlSkips : 0;
+  control_skips_left_ = control != 0 ? 0 : handled != 0 ? kBusyControlSkips : kQuietControlSkips;
   return handled + control;
 }
 

@@ -54,15 +54,24 @@ class RailSet {
   // The longest single transfer every data rail's provider takes (ep_attr->max_msg_size).
   [[nodiscard]] std::size_t max_msg_size() const noexcept { return max_msg_size_; }
 
+  // What a caller of progress() waits for. kData: only the data rails can finish it (a test()
+  // of an eager message's arrival, of a send's or a write's completion).
+  enum class Awaiting : std::uint8_t { kAnything, kData };
   // Posts again the data rails' refused FI_RX_CQ_DATA receives, then reads the data CQs (one per
-  // NIC) once, and the control CQs unless data completions came and the control CQs were empty
-  // on one of the last kIdleControlSkips reads; returns completions handled. On rxm every
-  // endpoint has a CQ of its own below ours, and reading an idle one is a poll() and a clock read
-  // that a receiver of bulk data need not pay on every call (README, Performance). A control
-  // message waits at most kIdleControlSkips calls, each of which found data, and is read at once
-  // whenever no data came.
-  std::size_t progress();
-  static constexpr unsigned kIdleControlSkips = 8;
+  // NIC) once, and the control CQs unless they were empty on a recent read; returns completions
+  // handled. On rxm every endpoint has a CQ of its own below ours, and reading an idle one is a
+  // poll() and a clock read; on shm a lock pair. A receiver of bulk data need not pay them on
+  // every call (README, Performance), nor a test() waiting for an eager message: it delays the
+  // message by half a turn of the waiting loop, which reading both CQs made twice as long.
+  // After an empty control read the next kBusyControlSkips calls that found data skip it; a
+  // call that found none reads it, unless it awaits kData, which skips it kQuietControlSkips
+  // times. A control message therefore waits at most kBusyControlSkips calls, and one found
+  // makes the next call read again.
+  std::size_t progress(Awaiting awaiting = Awaiting::kAnything);
+  static constexpr unsigned kBusyControlSkips = 8;
+  static constexpr unsigned kQuietControlSkips = 3;
+  // How many progress() calls read the control CQs.
+  [[nodiscard]] std::uint64_t control_reads() const noexcept { return control_reads_; }
   // The next progress() reads the control CQs whatever came on the data rails.
   void read_control_next() noexcept { control_skips_left_ = 0; }
   // Remote writes arriving on any of the set's rails go to `handler`.
@@ -73,6 +82,7 @@ class RailSet {
   std::size_t max_msg_size_ = SIZE_MAX;
   std::size_t data_cqs_ = 0;  // cqs_[0, data_cqs_) serve data rails, the rest control rails
   unsigned control_skips_left_ = 0;
+  std::uint64_t control_reads_ = 0;
   // Declaration order is teardown order, reversed: MR cache, rails (endpoints), CQs; without
   // FI_MR_ENDPOINT the destructor closes the rails before the MR cache.
   std::vector<std::unique_ptr<CompletionQueue>> cqs_;

@@ -399,7 +399,8 @@ Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled
   handled = 1;
   bool ready = finished(*request);
   if (!ready) {
-    handled = lane_->progress();
+    handled = lane_->progress(awaits_control(*request) ? ofi::RailSet::Awaiting::kAnything
+                                                       : ofi::RailSet::Awaiting::kData);
     ready = finished(*request);
   }
   if (!ready) {

@@ -312,6 +312,25 @@ class Comm : public mux::CommPort {
     return refuse_handle(handle, operation);
   }
   [[gnu::cold]] Request* refuse_handle(const loom::Request& handle, const char* operation);
+  // Whether a control message from the peer may be what `r` waits for: a send's clearance or
+  // credits, a receive's ready-to-send; one-sided batches, whose notifications wait for their
+  // turn. An eager message's arrival and a send's or flush's completion come on the data rails.
+  [[nodiscard]] static bool awaits_control(const Request& r) noexcept {
+    switch (r.kind) {
+      case RequestKind::kSend:
+        return r.parts[0].send == SendState::kAwaitingClearance;
+      case RequestKind::kRecv:
+        for (std::size_t i = 0; i < r.part_count; ++i) {
+          if (r.parts[i].recv == RecvState::kCleared || r.parts[i].recv == RecvState::kWritesAhead)
+            return true;
+        }
+        return false;
+      case RequestKind::kFlush:
+        return false;
+      default:
+        return true;
+    }
+  }
   // One test() pass; `handled` counts the completions it processed.
   Status poll(Request& request, std::span<std::size_t> sizes, std::size_t& handled);
   // Pings and pongs: true when `header` was one (and consumed). Anything from the peer is a

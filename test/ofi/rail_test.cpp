@@ -284,6 +284,62 @@ TEST_CASE("rail key used after deregistration is refused", "[pair]") {
   REQUIRE(failure.empty());
 }
 
+// A waiting test() calls progress() in a loop: on rxm reading an idle CQ is a poll(), on shm a
+// lock pair. A caller that waits for data alone (an eager message) reads a control CQ that came
+// up empty on every (kQuietControlSkips + 1)th idle call; one that may wait for control (a
+// send's clearance) on every idle call; a read that finds something makes the next one read
+// again.
+TEST_CASE("rail set reads a quiet control CQ once per few idle calls when data is awaited",
+          "[local]") {
+  TestFabric fabric(1, 1);
+  ofi::RailSet& set = *fabric.rails;
+  ofi::Rail& control = set.control(0);
+  const ofi::Address self = control.insert_peer(control.address());
+  constexpr std::size_t kPeriod = ofi::RailSet::kQuietControlSkips + 1;
+  std::vector<std::byte> inbox(256), outbox(256);
+  fill_pattern(outbox, 11);
+  auto& inbox_mr = set.registration_table().acquire(inbox.data(), inbox.size());
+  auto& outbox_mr = set.registration_table().acquire(outbox.data(), outbox.size());
+  Tracker received;
+  REQUIRE(control.recv(inbox.data(), inbox.size(), inbox_mr.desc(control.index()), &received.op) ==
+          Status::kOk);
+
+  using Awaiting = ofi::RailSet::Awaiting;
+  set.read_control_next();
+  const std::uint64_t idle_before = set.control_reads();
+  for (std::size_t i = 0; i < 50 * kPeriod; ++i) REQUIRE(set.progress(Awaiting::kData) == 0);
+  CHECK(set.control_reads() - idle_before == 50);
+  const std::uint64_t awaited_before = set.control_reads();
+  for (std::size_t i = 0; i < 20; ++i) REQUIRE(set.progress(Awaiting::kAnything) == 0);
+  CHECK(set.control_reads() - awaited_before == 20);
+
+  Tracker sent;
+  post(
+      set, control,
+      [&] {
+        return control.send(self, outbox.data(), 200, outbox_mr.desc(control.index()), &sent.op);
+      },
+      "control send to self");
+  std::size_t calls = 0;
+  poll_until([&] { return received.completions == 1 && sent.completions == 1; },
+             [&] {
+               set.progress(Awaiting::kData);
+               ++calls;
+             },
+             "a control message to self");
+  INFO("progress calls until both completions: " << calls);
+  REQUIRE(received.last.status == Status::kOk);
+  REQUIRE(sent.last.status == Status::kOk);
+  REQUIRE(received.last.length == 200);
+  CHECK(check_pattern({inbox.data(), 200}, 11).empty());
+  // The call that found the last completion read the control CQ: the next one reads it again.
+  const std::uint64_t found_at = set.control_reads();
+  CHECK(set.progress(Awaiting::kData) == 0);
+  CHECK(set.control_reads() == found_at + 1);
+  set.registration_table().release(inbox_mr);
+  set.registration_table().release(outbox_mr);
+}
+
 }  // namespace loom::test
 
 namespace loom::test {
