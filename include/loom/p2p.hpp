@@ -117,6 +117,9 @@ struct CommStats {
   // A sending communicator's asks for clear-to-sends: a receiver announces a buffer that only an
   // eager message can fill when its sender has no credit for it (or a larger message) and asks.
   std::uint64_t asks_sent = 0;
+  // Control messages (clear-to-sends, ready-to-sends, asks) the provider pushed back: the peer
+  // takes none (stopped, or far behind). Retried with a growing wait between tries.
+  std::uint64_t control_pushed_back = 0;
   std::size_t lane_comms = 0;  // communicators sharing this one's lane
   std::uint64_t lane_id = 0;
   std::vector<std::string> data_nics;  // the NIC of each data rail, in rail order

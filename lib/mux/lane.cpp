@@ -177,7 +177,7 @@ void Lane::wait_for_credits(CommId id) {
 
 void Lane::wake_credit_waiters() {
   for (CommId id : waiting_for_credits_)
-    if (port_of(id) != nullptr) defer(id);
+    if (CommPort* port = port_of(id)) defer(*port, id);
   waiting_for_credits_.clear();
 }
 
@@ -238,7 +238,10 @@ void Lane::run_deferred() {
   deferred_lanes_->fetch_sub(1, std::memory_order_relaxed);
   running_ids_.swap(deferred_ids_);
   for (CommId id : running_ids_) {
-    if (CommPort* port = port_of(id)) port->on_deferred();
+    if (CommPort* port = port_of(id)) {
+      port->deferred_ = false;
+      port->on_deferred();
+    }
   }
   running_ids_.clear();
 }

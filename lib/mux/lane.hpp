@@ -61,8 +61,8 @@ class CommPort {
   virtual void on_remote_write(WriteImmediate immediate) = 0;
   // A message landed in the lane's eager pool for this communicator (receive lanes).
   virtual void on_eager(const EagerArrival& /*arrival*/) {}
-  // Called from Lane::progress after defer(): the work the communicator deferred (its control
-  // batch, posts back-pressure held back).
+  // Called from Lane::progress after Lane::defer(): the work the communicator deferred (its
+  // control batch, posts back-pressure held back).
   virtual void on_deferred() = 0;
   // A control message this communicator has batched, taken as if sent, to ride on a data
   // message another lane's communicator sends to the same peer context (carried_control.hpp):
@@ -88,6 +88,12 @@ class CommPort {
   // Whether an answer to revoke_region is still awaited from a peer that can give it (a peer
   // silent for LOOM_PEER_TIMEOUT_MS meanwhile is taken as lost, as a wait on it would).
   [[nodiscard]] virtual bool revoking() { return false; }
+
+ private:
+  friend class Lane;
+  // on_deferred() is due at the lane's next progress: a port is in its deferred list once
+  // however many ask (Lane::defer), so a run whose on_deferred() defers again cannot repeat it.
+  bool deferred_ = false;
 };
 
 struct LaneStats {
@@ -137,8 +143,10 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   // drained() (looked at after each progress), or after the lane's endpoints are closed, so no
   // completion can touch freed memory.
   void retire(std::unique_ptr<CommPort> port);
-  // Asks for port.on_deferred() at the next progress. The caller asks once until it runs.
-  void defer(CommId id) {
+  // Asks for port.on_deferred() at the next progress, once however often it is asked until then.
+  void defer(CommPort& port, CommId id) {
+    if (port.deferred_) return;
+    port.deferred_ = true;
     if (deferred_ids_.empty()) {
       has_deferred_.store(true, std::memory_order_relaxed);
       deferred_lanes_->fetch_add(1, std::memory_order_relaxed);

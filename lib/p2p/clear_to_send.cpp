@@ -124,6 +124,10 @@ void RecvCommImpl::send_control_batch() {
     return;
   }
   if (batch_.count == 0 && 2 * credits_to_grant_ < max_credits_) return;
+  if (control_held()) [[unlikely]] {
+    defer();
+    return;
+  }
   std::byte body[mux::kMaxControlBody];
   const std::size_t length = encode_batch(body);
   // See SendCommImpl::send_control_batch: an unencodable batch fails its requests.

@@ -317,9 +317,14 @@ void Comm::retry_later(Request& request) {
 }
 
 void Comm::on_deferred() {
-  deferred_ = false;
   if (control_failure_ != ControlFailure::kNone) [[unlikely]]
     settle_control_failure();
+  if (control_waits_left_ != 0) [[unlikely]] {
+    // Held back (note_control_pushback): the batch and the posts waiting for room in it wait.
+    --control_waits_left_;
+    defer();
+    return;
+  }
   send_control_batch();
   retrying_.swap(retry_);
   for (Request* r : retrying_) {
@@ -333,11 +338,18 @@ Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const s
                           bool confirmed) {
   if (control_rails_ == 0) [[unlikely]]
     return Status::kRetry;  // before connect_peer: no peer address to send to yet
+  if (control_held()) [[unlikely]]
+    return Status::kRetry;
   const std::size_t rail = seq % control_rails_;
   const Status status = lane_->control().send(
       rail, peer_control_[rail], static_cast<std::uint8_t>(type), peer_id_, body, confirmed);
   util::log().trace("comm {} on lane {}: control type {} seq {} to comm {}: {}", id_, lane_->id(),
                     static_cast<int>(type), seq, peer_id_, to_string(status));
+  if (status == Status::kOk) [[likely]] {
+    control_pushbacks_ = 0;
+  } else if (status == Status::kRetry) {
+    note_control_pushback();
+  }
   if (status != Status::kOk && status != Status::kRetry && status != Status::kInvalid)
       [[unlikely]] {
     // The provider refused it: the peer's endpoint is gone (closed, or its process died). Its
@@ -354,6 +366,15 @@ Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const s
     return Status::kRetry;
   }
   return status;
+}
+
+void Comm::note_control_pushback() {
+  ++stats_.control_pushed_back;
+  if (control_pushbacks_ <= kPromptControlRetries + 8) ++control_pushbacks_;
+  control_waits_left_ =
+      control_pushbacks_ <= kPromptControlRetries
+          ? 0
+          : std::min(1u << (control_pushbacks_ - kPromptControlRetries - 1), kLongestControlWait);
 }
 
 // Two lane progresses after a refused control message, whose control queues were read: a

@@ -256,6 +256,16 @@ class Comm : public mux::CommPort {
   Status send_control(MessageType type, std::uint32_t seq, std::span<const std::byte> body,
                       bool confirmed = false);
   void settle_control_failure();
+  // A control message the provider pushed back (EAGAIN). The first kPromptControlRetries go
+  // again at the lane's next progress; after that the wait doubles, up to kLongestControlWait
+  // progresses, during which control messages to the peer, and the posts waiting for room in a
+  // batch, are held back (control_held). A peer that takes nothing (stopped, its receive queue
+  // full) would otherwise have the batch encoded and injected again at every progress of a lane
+  // its lane-mates poll, once per post waiting for the batch.
+  void note_control_pushback();
+  [[nodiscard]] bool control_held() const noexcept { return control_waits_left_ != 0; }
+  static constexpr unsigned kPromptControlRetries = 4;
+  static constexpr unsigned kLongestControlWait = 64;
   // A batch of `what` its encoder refused: kError with last_error_ set (logged once).
   [[gnu::cold]] Status refuse_batch(const char* what);
   // Every request not decided yet fails with `status`/`text`. A part that arrived keeps its
@@ -350,12 +360,7 @@ class Comm : public mux::CommPort {
   // Sends the batched control entries (clear-to-sends or ready-to-sends) in one message.
   virtual void send_control_batch() = 0;
   // Asks for on_deferred() at the lane's next progress.
-  void defer() {
-    if (!deferred_) {
-      deferred_ = true;
-      lane_->defer(id_);
-    }
-  }
+  void defer() { lane_->defer(*this, id_); }
   // Runs the work other lanes of the context deferred (see LaneRegistry::run_deferred_elsewhere);
   // costs one relaxed load when there is none.
   void kick_other_lanes() {
@@ -414,13 +419,16 @@ class Comm : public mux::CommPort {
   std::string last_error_;
   CommStats stats_;
   unsigned idle_polls_ = 0;
-  bool deferred_ = false;  // on_deferred() is due at the lane's next progress
   // The peer's close notice asked for our WritesPosted before we knew its addresses.
   bool writes_posted_owed_ = false;
   // A control message the provider refused, and whether the control queues were read since.
   enum class ControlFailure : std::uint8_t { kNone, kFailed, kQueuesRead };
   ControlFailure control_failure_ = ControlFailure::kNone;
   std::string control_failure_text_;
+  // Control messages the provider pushed back in a row, and the deferred runs to let pass
+  // before the next try (see note_control_pushback).
+  unsigned control_pushbacks_ = 0;
+  unsigned control_waits_left_ = 0;
 };
 
 }  // namespace loom::p2p

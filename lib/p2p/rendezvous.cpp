@@ -49,6 +49,10 @@ void SendCommImpl::send_control_batch() {
     batched_.clear();
     return;
   }
+  if (control_held()) [[unlikely]] {
+    defer();
+    return;
+  }
   std::byte body[rts_bytes(kMaxBatch)];
   const std::size_t length = encode_rts(batch_, body);
   // An entry its decoder would refuse is loom's own bug: an empty message would leave both

@@ -262,6 +262,7 @@ py::dict comm_stats(CommState& self) {
   d["bytes"] = stats.bytes;
   d["eager"] = stats.eager;
   d["rendezvous"] = stats.rendezvous;
+  d["control_pushed_back"] = stats.control_pushed_back;
   d["lane_id"] = stats.lane_id;
   d["lane_comms"] = stats.lane_comms;
   d["data_nics"] = stats.data_nics;

@@ -810,5 +810,131 @@ TEST_CASE("p2p shared lanes: 16 peers keep their pace while one dies and one is 
   }
 }
 
+// A stopped peer takes no control message: once its receive queue is full the provider pushes
+// back every clear-to-send the hub owes it. Tried again at every progress of the lane, each
+// costs the lane's other communicators an encode and an inject (~800 instructions) at every
+// test; with the growing wait it costs a retry now and then. Nothing is lost: once the peer
+// runs again its messages arrive whole. The meson test runs this on shm with FI_SHM_RX_SIZE=32
+// (a full queue after 32 messages).
+constexpr std::size_t kStoppedMessages = 100;
+constexpr std::size_t kStoppedBytes = 64 * 1024 + 5;  // by rendezvous: each needs its CTS
+constexpr std::size_t kLiveRounds = 300;
+
+Config stopped_control_config() {
+  Config config = hub_config();
+  config.peer_timeout_ms = 20000;  // the stop must not look like a death
+  return config;
+}
+
+bool process_stopped(int pid) {
+  std::FILE* file = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (file == nullptr) return false;
+  int read_pid = 0;
+  char name[256] = {};
+  char state = 0;
+  const int fields = std::fscanf(file, "%d (%255[^)]) %c", &read_pid, name, &state);
+  std::fclose(file);
+  return fields == 3 && (state == 'T' || state == 't');
+}
+
+void stopped_control_peer(Channel& channel, std::size_t index) {
+  std::vector<Transfer> sends(index == 0 ? kStoppedMessages : 0);
+  for (std::size_t m = 0; m < sends.size(); ++m) fill(sends[m], kStoppedBytes, seed_of(0, true, m));
+  Context context(stopped_control_config());
+  Listener listener = context.listen();
+  HubLink link = join_hub(context, listener, channel);
+  channel.send_value<int>(static_cast<int>(::getpid()));
+  start_together({&channel, 1});
+  if (index == 0) {
+    for (std::size_t m = 0; m < sends.size(); ++m) {
+      post_send(sends[m], *link.out, kStoppedBytes, seed_of(0, true, m));
+    }
+    channel.send_value<int>(1);
+    ::raise(SIGSTOP);
+    finish_all(sends, "the stopped peer's messages, once it runs again");
+  } else {
+    for (std::size_t r = 0; r < kLiveRounds; ++r) {
+      std::vector<Transfer> round(2);
+      post_receive(round[0], *link.in, 1000 + r, seed_of(1, false, r));
+      post_send(round[1], *link.out, 1000 + r, seed_of(1, true, r));
+      finish_all(round, "the live peer's round " + std::to_string(r));
+    }
+  }
+  channel.barrier();
+}
+
+TEST_CASE("p2p shared lanes: control to a stopped peer is retried ever more rarely, and arrives",
+          "[shared-lanes-stopped-control]") {
+  const auto hub = [&](std::span<Channel> channels) {
+    Context context(stopped_control_config());
+    Listener listener = context.listen();
+    std::vector<HubLink> links;
+    std::vector<int> pids;
+    for (Channel& channel : channels) {
+      links.push_back(link_peer(context, listener, channel));
+      pids.push_back(channel.recv_value<int>());
+    }
+    start_together(channels);
+    require(channels[0].recv_value<int>() == 1, "peer 0 did not post its messages");
+    // Running again however the hub's part ends: a failure here must not leave it stopped.
+    struct Resume {
+      int pid;
+      ~Resume() { ::kill(pid, SIGCONT); }
+    } resume{pids[0]};
+    poll_until([&] { return process_stopped(pids[0]); }, [] {}, "peer 0 to stop", 30s);
+
+    // Every receive is announced to the stopped peer: the clear-to-sends fill its queue.
+    std::vector<Transfer> stopped(kStoppedMessages);
+    RecvComm& from_stopped = *links[0].in;
+    for (std::size_t m = 0; m < stopped.size(); ++m) {
+      post_receive(stopped[m], from_stopped, kStoppedBytes, seed_of(0, true, m));
+      step(stopped[m]);
+    }
+    const std::uint64_t pushed_before = from_stopped.stats().control_pushed_back;
+    require(pushed_before != 0, "the stopped peer's queue took all " +
+                                    std::to_string(kStoppedMessages) +
+                                    " clear-to-sends: nothing was pushed back");
+
+    // The live peer's rounds, on the same lanes: every test progresses them.
+    std::uint64_t tests = 0;
+    for (std::size_t r = 0; r < kLiveRounds; ++r) {
+      std::vector<Transfer> round(2);
+      post_receive(round[0], *links[1].in, 1000 + r, seed_of(1, true, r));
+      post_send(round[1], *links[1].out, 1000 + r, seed_of(1, false, r));
+      poll_until(
+          [&] {
+            bool all = true;
+            for (Transfer& t : round) {
+              tests += t.done ? 0 : 1;
+              all = step(t) && all;
+            }
+            return all;
+          },
+          [] {}, "the live peer's round " + std::to_string(r), 60s);
+      for (const Transfer& t : round) {
+        require(t.status == Status::kOk, "a live peer's message ended " +
+                                             std::string(to_string(t.status)) + ": " +
+                                             t.comm->last_error());
+      }
+    }
+    const std::uint64_t pushed = from_stopped.stats().control_pushed_back - pushed_before;
+    std::fprintf(stderr,
+                 "while peer 0 was stopped: %llu control messages pushed back during %llu tests "
+                 "of the live peer's %zu rounds (%llu before them)\n",
+                 static_cast<unsigned long long>(pushed), static_cast<unsigned long long>(tests),
+                 kLiveRounds, static_cast<unsigned long long>(pushed_before));
+    // At most one try per Comm::kLongestControlWait progresses once the wait has grown.
+    require(pushed <= 16 + tests / 32,
+            std::to_string(pushed) + " control messages pushed back during " +
+                std::to_string(tests) + " tests: tried again at (nearly) every progress");
+
+    ::kill(resume.pid, SIGCONT);
+    finish_all(stopped, "the stopped peer's messages, once it runs again");
+    for (Channel& channel : channels) channel.barrier();
+  };
+  const StarOutcome outcome = run_star(hub, stopped_control_peer, 2, 180s);
+  check_everyone_done(outcome);
+}
+
 }  // namespace
 }  // namespace loom::test
