@@ -319,7 +319,7 @@ void Comm::retry_later(Request& request) {
 void Comm::on_deferred() {
   if (control_failure_ != ControlFailure::kNone) [[unlikely]]
     settle_control_failure();
-  if (control_waits_left_ != 0) [[unlikely]] {
+  if (control_held()) [[unlikely]] {
     // Held back (note_control_pushback): the batch and the posts waiting for room in it wait.
     --control_waits_left_;
     defer();
@@ -370,6 +370,7 @@ Status Comm::send_control(MessageType type, std::uint32_t seq, std::span<const s
 
 void Comm::note_control_pushback() {
   ++stats_.control_pushed_back;
+  // Counted only as far as the longest wait needs (a bounded shift below).
   if (control_pushbacks_ <= kPromptControlRetries + 8) ++control_pushbacks_;
   control_waits_left_ =
       control_pushbacks_ <= kPromptControlRetries

@@ -58,6 +58,17 @@ HubLink link_peer(Context& context, Listener& listener, Channel& channel) {
   return HubLink{std::move(pair.out), std::move(pair.in)};
 }
 
+// The hub links every peer, each of which then sends its process id (to stop or resume it).
+std::vector<HubLink> link_peers_with_pids(Context& context, Listener& listener,
+                                          std::span<Channel> channels, std::vector<int>& pids) {
+  std::vector<HubLink> links;
+  for (Channel& channel : channels) {
+    links.push_back(link_peer(context, listener, channel));
+    pids.push_back(channel.recv_value<int>());
+  }
+  return links;
+}
+
 // A message in flight with its buffer; the seed says what it must hold.
 struct Transfer {
   Communicator* comm = nullptr;
@@ -693,12 +704,8 @@ TEST_CASE("p2p shared lanes: 16 peers keep their pace while one dies and one is 
     Context context(scale_config());
     Listener listener = context.listen();
     std::vector<Transfer> round;
-    std::vector<HubLink> links;
     std::vector<int> pids;
-    for (Channel& channel : channels) {
-      links.push_back(link_peer(context, listener, channel));
-      pids.push_back(channel.recv_value<int>());
-    }
+    std::vector<HubLink> links = link_peers_with_pids(context, listener, channels, pids);
     start_together(channels);
     std::size_t rounds = 0;
     auto start_round = [&](std::size_t first) {
@@ -868,12 +875,8 @@ TEST_CASE("p2p shared lanes: control to a stopped peer is retried ever more rare
   const auto hub = [&](std::span<Channel> channels) {
     Context context(stopped_control_config());
     Listener listener = context.listen();
-    std::vector<HubLink> links;
     std::vector<int> pids;
-    for (Channel& channel : channels) {
-      links.push_back(link_peer(context, listener, channel));
-      pids.push_back(channel.recv_value<int>());
-    }
+    std::vector<HubLink> links = link_peers_with_pids(context, listener, channels, pids);
     start_together(channels);
     require(channels[0].recv_value<int>() == 1, "peer 0 did not post its messages");
     // Running again however the hub's part ends: a failure here must not leave it stopped.
