@@ -110,6 +110,13 @@ class LaneRegistry {
   [[nodiscard]] bool any_deferred() const noexcept {
     return deferred_lanes_.load(std::memory_order_relaxed) != 0;
   }
+  // Whether a lane other than `busy` holds deferred work: what run_deferred_elsewhere would
+  // find. A sender's own lane often holds some (an ask for clearance armed, a batch waiting for
+  // the lane's progress) while its inject needs no progress: any_deferred alone sent most
+  // posts through the registry's lock and lane list for nothing.
+  [[nodiscard]] bool deferred_elsewhere(const Lane& busy) const noexcept {
+    return deferred_lanes_.load(std::memory_order_relaxed) > (busy.has_deferred() ? 1u : 0u);
+  }
   // Runs the deferred work of the lanes other than `busy` that no other thread holds.
   void run_deferred_elsewhere(const Lane& busy);
 

@@ -364,7 +364,7 @@ class Comm : public mux::CommPort {
   // Runs the work other lanes of the context deferred (see LaneRegistry::run_deferred_elsewhere);
   // costs one relaxed load when there is none.
   void kick_other_lanes() {
-    if (lanes_.any_deferred()) [[unlikely]]
+    if (lanes_.deferred_elsewhere(*lane_)) [[unlikely]]
       lanes_.run_deferred_elsewhere(*lane_);
   }
 

@@ -1,0 +1,90 @@
+// Deferred work and the lanes that run it: a post kicks the registry only when a lane other
+// than its own holds deferred work (LaneRegistry::deferred_elsewhere). Its own lane's work waits
+// for that lane's progress; sending every post through the registry's lock and lane list for it
+// cost each small message about 45 instructions (scripts/cost.sh) and ran nothing.
+#include <atomic>
+#include <chrono>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "loom/config.hpp"
+#include "mux/lane_registry.hpp"
+#include "ofi/nic.hpp"
+#include "ofi/selection.hpp"
+
+namespace loom::test {
+namespace {
+
+struct CountingPort final : mux::CommPort {
+  int runs = 0;
+  void on_control(const mux::ControlHeader&, std::span<const std::byte>) override {}
+  void on_remote_write(mux::WriteImmediate) override {}
+  void on_deferred() override { ++runs; }
+  [[nodiscard]] bool drained() const noexcept override { return true; }
+  [[nodiscard]] bool abandoned() const noexcept override { return false; }
+  void abandon_registrations() noexcept override {}
+};
+
+TEST_CASE("mux a lane's own deferred work does not send its posts to the other lanes", "[local]") {
+  auto nics = ofi::open_nics(Config::from_env());
+  mux::LaneRegistry registry({nics.front().get()}, mux::LaneShape{}, 0,
+                             std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
+  constexpr std::uint64_t kPeer = 7;
+  mux::Lane& send = registry.join(kPeer, mux::Direction::kSend, registry.default_placement());
+  mux::Lane& recv = registry.join(kPeer, mux::Direction::kRecv, registry.default_placement());
+  REQUIRE(&send != &recv);
+  CountingPort sender;
+  CountingPort receiver;
+  mux::CommId sender_id = 0;
+  mux::CommId receiver_id = 0;
+  {
+    std::lock_guard lock(send.lock());
+    sender_id = send.attach(sender);
+  }
+  {
+    std::lock_guard lock(recv.lock());
+    receiver_id = recv.attach(receiver);
+  }
+
+  REQUIRE_FALSE(registry.deferred_elsewhere(send));
+  {
+    std::lock_guard lock(send.lock());
+    send.defer(sender, sender_id);
+  }
+  // Only the sender's own lane holds work: nothing for its posts to run elsewhere, while the
+  // receive lane's posts would find it.
+  CHECK(registry.any_deferred());
+  CHECK_FALSE(registry.deferred_elsewhere(send));
+  CHECK(registry.deferred_elsewhere(recv));
+  registry.run_deferred_elsewhere(send);
+  CHECK(sender.runs == 0);
+
+  {
+    std::lock_guard lock(recv.lock());
+    recv.defer(receiver, receiver_id);
+  }
+  CHECK(registry.deferred_elsewhere(send));
+  registry.run_deferred_elsewhere(send);
+  CHECK(receiver.runs == 1);
+  CHECK(sender.runs == 0);
+  CHECK_FALSE(registry.deferred_elsewhere(send));
+
+  registry.run_deferred_elsewhere(recv);
+  CHECK(sender.runs == 1);
+  CHECK_FALSE(registry.any_deferred());
+
+  {
+    std::lock_guard lock(send.lock());
+    send.detach(sender_id);
+  }
+  {
+    std::lock_guard lock(recv.lock());
+    recv.detach(receiver_id);
+  }
+  registry.leave(send, kPeer);
+  registry.leave(recv, kPeer);
+}
+
+}  // namespace
+}  // namespace loom::test
