@@ -105,9 +105,11 @@ def main():
     print(f'\nloom functions, own instructions per {unit} ({columns[0][0]} first)')
     first = columns[0][1]
     loom = sorted(((v, k) for k, v in first.items() if k[0].startswith('libloom')), reverse=True)
+    # By function name alone: the other build's library may be a copy named libloom.so.0.
+    by_function = [{k[1]: v for k, v in c.items() if k[0].startswith('libloom')}
+                   for _, c in columns[1:]]
     for v, (_, function) in loom[:args.top]:
-        others = ''.join(f'{c.get(("libloom.so.0.1.0", function), 0):8.0f}'
-                         for _, c in columns[1:])
+        others = ''.join(f'{c.get(function, 0):8.0f}' for c in by_function)
         short_name = re.sub(r'\(.*', '', function)
         print(f'{v:8.0f}{others}  {short_name}')
     return 0

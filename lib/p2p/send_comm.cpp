@@ -13,6 +13,7 @@ namespace loom::p2p {
 SendCommImpl::SendCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer)
     : Comm(core, lane, mux::Direction::kSend, peer),
       min_stripe_(settings_.min_stripe),
+      max_size_(max_message_size(lane.rails().max_msg_size())),
       outgoing_(lane.rails().data_rails()) {
   batched_.reserve(kMaxBatch);
 }
@@ -45,7 +46,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
     if (registration == nullptr) [[unlikely]]
       return Status::kInvalid;
   }
-  if (size > max_message_size(lane_->rails().max_msg_size())) [[unlikely]]
+  if (size > max_size_) [[unlikely]]
     return refuse_size(size);
   // A clearance that came carried on the peer's last message waits in our inbox (our receiving
   // lane put it there). A message that cannot go ahead on a credit needs it now; one that can
@@ -70,6 +71,10 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   if (group_known(seq)) {
     part.peer_seq = place(seq, tag);
     match(*r);
+  } else if (ahead_next_ == seq && credits_ != 0 && eager_fits(part)) [[likely]] {
+    // Next in line, on a credit: send_ahead_waiting's first step, without looking it up.
+    post_eager(*r);
+    if (part.send != SendState::kAwaitingClearance) ahead_next_ = seq + 1;  // else pushed back
   } else {
     send_ahead_waiting();  // this one too, on a credit, unless older ones wait for credits
   }
