@@ -362,7 +362,7 @@ class Comm : public mux::CommPort {
   // Asks for on_deferred() at the lane's next progress.
   void defer() { lane_->defer(*this, id_); }
   // Runs the work other lanes of the context deferred (see LaneRegistry::run_deferred_elsewhere);
-  // costs one relaxed load when there is none.
+  // costs two relaxed loads when there is none.
   void kick_other_lanes() {
     if (lanes_.deferred_elsewhere(*lane_)) [[unlikely]]
       lanes_.run_deferred_elsewhere(*lane_);

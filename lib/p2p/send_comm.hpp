@@ -114,7 +114,7 @@ class SendCommImpl final : public Comm {
   std::size_t credits_ = 0;       // eager buffers the receiver has posted for us
   std::size_t eager_size_ = 0;    // their size (0 until the first grant)
   std::size_t min_stripe_;
-  std::size_t max_size_;  // the largest message isend takes (max_message_size of the rails')
+  const std::size_t max_size_;  // the largest message isend takes (max_message_size of the rails')
   SeqRing<Outgoing, kSeqWindow> outgoing_;
   // Below this sequence number no entry is used any more (see in_flight_floor).
   std::uint32_t floor_ = 0u - static_cast<std::uint32_t>(kMaxParts - 1);
