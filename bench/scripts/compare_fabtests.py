@@ -28,7 +28,8 @@ trip that meets one takes microseconds longer, in either tool.
 
 --before PATH adds another fi_p2p_bw (a build of an earlier commit, say) to the same
 interleaved runs, with its figures and loom/before (paired) beside them: a change's effect and
-fabtests' ratio from one run of the machine.
+fabtests' ratio from one run of the machine. --before-env VAR=VALUE (repeatable) sets a variable
+for the before runs only: the same build with LOOM_PROGRESS_THREAD=0, say.
 
 fabtests are not part of loom: build them from libfabric's source (matching the installed
 libfabric) into a directory of your own and point FABTESTS_BIN at its bin/.
@@ -166,17 +167,19 @@ def run_pingpong(binary, provider, size, port, rounds, warmup):
     return float(run_fabtests_pair(binary, args, port)[5])  # usec/xfer: one-way
 
 
-def loom_env(provider):
+def loom_env(provider, extra=()):
     env = dict(os.environ, LOOM_PROVIDER=provider, FI_PROVIDER=provider)
     if provider != "shm":
         env["LOOM_NICS"] = "lo"
+    env.update(setting.split("=", 1) for setting in extra)
     return env
 
 
-def run_loom_latency(binary, provider, size, json_path, rounds, warmup):
+def run_loom_latency(binary, provider, size, json_path, rounds, warmup, extra_env=()):
     subprocess.run([binary, "--loopback", "--pin-core", "0,1", "-S", f"l:{size}", "--no-bw",
                     "--lat-iters", str(rounds), "-w", str(warmup), "--json", json_path],
-                   env=loom_env(provider), check=True, capture_output=True, timeout=300)
+                   env=loom_env(provider, extra_env), check=True, capture_output=True,
+                   timeout=300)
     with open(json_path) as f:
         row = json.load(f)["results"][0]
     return row["latency_avg_us"], row["latency_p50_us"], row["latency_p99_us"]
@@ -239,7 +242,7 @@ def latency_tables(args, fabtests, tmp):
                 if args.before:
                     runs.append(lambda p: before.append(run_loom_latency(
                         args.before, provider, size, f"{tmp}/b.json", args.lat_iters,
-                        args.lat_warmup)))
+                        args.lat_warmup, args.before_env)))
                 for k in range(len(runs)):
                     port += 1
                     runs[(rep + k) % len(runs)](port)
@@ -264,10 +267,11 @@ def latency_tables(args, fabtests, tmp):
                       " ".join(f"{a[0]:.2f}/{b:.2f}" for a, b in zip(loom, ft)), flush=True)
 
 
-def run_loom(binary, provider, size, json_path):
+def run_loom(binary, provider, size, json_path, extra_env=()):
     subprocess.run([binary, "--loopback", "--pin-core", "0,1", "-S", size, "-I",
                     str(iterations(size)), "--no-pingpong", "--json", json_path],
-                   env=loom_env(provider), check=True, capture_output=True, timeout=300)
+                   env=loom_env(provider, extra_env), check=True, capture_output=True,
+                   timeout=300)
     with open(json_path) as f:
         result = json.load(f)["results"][0]
     return result["mb_per_sec"], result["mxfers_per_sec"]
@@ -281,6 +285,8 @@ def main():
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--loom", default="build-release/bench/p2p_bw/fi_p2p_bw")
     parser.add_argument("--before", help="another fi_p2p_bw to compare with (an earlier build)")
+    parser.add_argument("--before-env", action="append", default=[], metavar="VAR=VALUE",
+                        help="a variable set for the --before runs only (repeatable)")
     parser.add_argument("--latency", action="store_true",
                         help="one-way latency against fi_rdm_tagged_pingpong instead")
     parser.add_argument("--lat-sizes", default="8,256,4k,8k,16k")
@@ -319,7 +325,8 @@ def main():
                                                        f"{tmp}/r.json"))]
                 if args.before:
                     runs.append(lambda p: before.append(run_loom(args.before, provider, size,
-                                                                 f"{tmp}/b.json")))
+                                                                 f"{tmp}/b.json",
+                                                                 args.before_env)))
                 for rep in range(args.reps):
                     # Each tool goes first in turn: a run is slower right after one that
                     # zeroed and freed gigabytes (fabtests allocates 64 messages each way).

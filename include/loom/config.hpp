@@ -39,6 +39,7 @@ struct Config {
   std::string log_level;                  // LOOM_LOG_LEVEL
   unsigned connect_timeout_ms{};          // LOOM_CONNECT_TIMEOUT_MS
   unsigned peer_timeout_ms{};             // LOOM_PEER_TIMEOUT_MS
+  bool progress_thread{};                 // LOOM_PROGRESS_THREAD
   bool peer_isolation{};                  // LOOM_PEER_ISOLATION
   bool force_flush{};                     // LOOM_FORCE_FLUSH
   bool device_memory{};                   // LOOM_DEVICE_MEMORY

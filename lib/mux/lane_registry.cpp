@@ -16,12 +16,14 @@ constexpr auto kClosingTurn = std::chrono::milliseconds(1);
 
 LaneRegistry::LaneRegistry(std::vector<ofi::Nic*> nics, LaneShape shape, unsigned ngroups,
                            std::chrono::milliseconds idle_period,
-                           std::chrono::milliseconds closing_limit)
+                           std::chrono::milliseconds closing_limit, TurnRunner runner)
     : nics_(std::move(nics)),
       shape_(shape),
       ngroups_(ngroups),
       idle_period_(std::max(idle_period, std::chrono::milliseconds(1))),
-      closing_limit_(closing_limit) {}
+      closing_limit_(closing_limit),
+      runner_(runner),
+      next_turn_(std::chrono::steady_clock::now() + idle_period_) {}
 
 // Lanes still open here belong to communicators that outlive their context's registry, which
 // the API does not allow (a communicator holds its context); only closing ones are left.
@@ -73,7 +75,9 @@ Lane& LaneRegistry::join(std::uint64_t peer, Direction direction,
     }
     ++lanes_opened_;
     order_.push_back(entry.lane.get());
-    if (!background_.joinable()) background_ = std::thread([this] { run_background(); });
+    if (runner_ == TurnRunner::kThread && !background_.joinable()) {
+      background_ = std::thread([this] { run_background(); });
+    }
     std::lock_guard carriers(carriers_mutex_);
     by_id_.push_back(entry.lane.get());
   }
@@ -116,25 +120,50 @@ void LaneRegistry::run_background() {
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     // A lane left to close is looked at again soon: its peer may be waiting for its last message.
-    wake_.wait_for(lock, closing_.empty() ? idle_period_ : std::min(idle_period_, kClosingTurn));
+    wake_.wait_for(lock, turn_period());
     if (stopping_) break;
     std::vector<std::unique_ptr<Lane>> finished;
     background_turn(finished);
-    if (finished.empty()) continue;
-    finishing_ += finished.size();
-    lock.unlock();
-    const std::size_t count = finished.size();
-    finished.clear();  // endpoints close outside the registry lock
-    lock.lock();
-    finishing_ -= count;
+    close_finished(lock, finished);
   }
+}
+
+void LaneRegistry::close_finished(std::unique_lock<std::mutex>& lock,
+                                  std::vector<std::unique_ptr<Lane>>& finished) {
+  if (finished.empty()) return;
+  const std::size_t count = finished.size();
+  finishing_ += count;
+  lock.unlock();
+  finished.clear();  // endpoints close outside the registry lock
+  lock.lock();
+  finishing_ -= count;
+}
+
+std::chrono::milliseconds LaneRegistry::turn_period() const noexcept {
+  return closing_.empty() ? idle_period_ : std::min(idle_period_, kClosingTurn);
+}
+
+void LaneRegistry::run_due_turn() {
+  if (runner_ != TurnRunner::kCallers) return;
+  std::unique_lock registry(mutex_, std::try_to_lock);
+  if (!registry.owns_lock()) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_turn_) return;
+  std::vector<std::unique_ptr<Lane>> finished;
+  background_turn(finished);
+  next_turn_ = now + turn_period();
+  close_finished(registry, finished);
 }
 
 void LaneRegistry::background_turn(std::vector<std::unique_ptr<Lane>>& finished) {
   for (Lane* lane : order_) {
     if (lane->take_progressed()) continue;
     std::unique_lock lane_lock(lane->lock(), std::try_to_lock);
-    if (lane_lock.owns_lock()) lane->progress();
+    if (!lane_lock.owns_lock()) continue;
+    lane->progress();
+    // The turn's own progress does not count as the application's: else an idle lane would
+    // have a turn only every second idle period.
+    (void)lane->take_progressed();
   }
   const auto now = std::chrono::steady_clock::now();
   std::erase_if(closing_, [&](Closing& closing) {

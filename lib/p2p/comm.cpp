@@ -426,10 +426,15 @@ Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled
     ready = finished(*request);
   }
   if (!ready) {
-    if ((++liveness_polls_ & (kPollsPerLivenessCheck - 1)) == 0) [[unlikely]]
+    const bool periodic = (++liveness_polls_ & (kPollsPerLivenessCheck - 1)) == 0;
+    if (periodic) [[unlikely]]
       check_peer();
     lock.unlock();
     kick_other_lanes();
+    // Without a progress thread (LOOM_PROGRESS_THREAD=0) the waiting polls run the registry's
+    // turn for the lanes nobody polls.
+    if (periodic) [[unlikely]]
+      lanes_.run_due_turn();
     // Our lane had nothing to do: now and then give another a turn (see
     // LaneRegistry::progress_another). Not every time: on shm each poll contends for the
     // peer's queue lock.

@@ -42,8 +42,9 @@ ContextCore::ContextCore(const Config& config) : config_(config), rng_(random_se
   const std::chrono::milliseconds peer_timeout(config_.peer_timeout_ms);
   const auto idle_period = std::clamp<std::chrono::milliseconds>(
       peer_timeout / 8, std::chrono::milliseconds(1), kLongestIdlePeriod);
-  lanes_ = std::make_unique<mux::LaneRegistry>(nic_pointers_, shape, config_.ngroups, idle_period,
-                                               peer_timeout);
+  lanes_ = std::make_unique<mux::LaneRegistry>(
+      nic_pointers_, shape, config_.ngroups, idle_period, peer_timeout,
+      config_.progress_thread ? mux::TurnRunner::kThread : mux::TurnRunner::kCallers);
   bootstrap_ = std::make_unique<Bootstrap>(nic_pointers_,
                                            std::chrono::milliseconds(config_.connect_timeout_ms));
 }

@@ -51,6 +51,7 @@ TEST_CASE("config: every variable sets a field", "[util]") {
       {"LOOM_DEVICE_MEMORY", "0"},       {"LOOM_GPU_FLUSH", "0"},
       {"LOOM_CUDA_DMABUF", "0"},         {"LOOM_CARRY_CONTROL", "0"},
       {"LOOM_PEER_ISOLATION", "0"},      {"LOOM_CUDA_IPC", "1"},
+      {"LOOM_PROGRESS_THREAD", "0"},
   };
   const Config defaults;
   for (const auto& var : config_variables()) {
