@@ -77,10 +77,11 @@ void Report::header() const {
   }
   std::printf(
       "\n# data rails %u, control rails %u, comms %u, groups %u%s, eager limit %s, "
-      "min stripe %s, window %zu%s%s\n",
+      "min stripe %s, window %zu%s%s%s\n",
       c.data_rails, c.ctrl_rails, options_.comms, c.ngroups, c.ngroups == 0 ? " (no sharing)" : "",
       size_text(first.eager_max).c_str(), size_text(c.min_stripe).c_str(), options_.window,
-      options_.bidir ? ", bidir" : "", options_.verify ? ", verified" : "");
+      options_.bidir ? ", bidir" : "", options_.verify ? ", verified" : "",
+      c.progress_thread ? "" : ", no progress thread");
   std::printf("%-8s %-8s %-8s %-9s %-10s %-10s %-11s %-8s %-9s %-9s %-9s\n", "bytes", "iters",
               "total", "time", "MB/sec", "usec/xfer", "Mxfers/sec", "GB/s", "lat(us)", "p50(us)",
               "p99(us)");
@@ -277,6 +278,7 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
                      {"groups", c.ngroups},
                      {"eager_max", c.eager_max},
                      {"min_stripe", c.min_stripe},
+                     {"progress_thread", c.progress_thread},
                      {"window", options_.window},
                      {"bidir", options_.bidir},
                      {"verify", options_.verify},
