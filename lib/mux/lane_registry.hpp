@@ -196,7 +196,7 @@ class LaneRegistry {
   std::chrono::milliseconds closing_limit_;
   std::condition_variable wake_;  // leave() of a lane that must close in the background, or stop
   bool stopping_ = false;
-  TurnRunner runner_;
+  const TurnRunner runner_;
   std::thread background_;                           // kThread: started by the first lane
   std::chrono::steady_clock::time_point next_turn_;  // kCallers
 
