@@ -12,19 +12,10 @@
 #include "mux/lane_registry.hpp"
 #include "ofi/nic.hpp"
 #include "ofi/selection.hpp"
+#include "support/counting_port.hpp"
 
 namespace loom::test {
 namespace {
-
-struct CountingPort final : mux::CommPort {
-  int runs = 0;
-  void on_control(const mux::ControlHeader&, std::span<const std::byte>) override {}
-  void on_remote_write(mux::WriteImmediate) override {}
-  void on_deferred() override { ++runs; }
-  [[nodiscard]] bool drained() const noexcept override { return true; }
-  [[nodiscard]] bool abandoned() const noexcept override { return false; }
-  void abandon_registrations() noexcept override {}
-};
 
 std::size_t threads_now() {
   const std::filesystem::directory_iterator tasks("/proc/self/task");
