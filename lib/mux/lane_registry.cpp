@@ -37,8 +37,8 @@ LaneRegistry::~LaneRegistry() {
   while (!closing_.empty()) {
     std::vector<std::unique_ptr<Lane>> finished;
     background_turn(finished);
+    close_finished(lock, finished);
     lock.unlock();
-    finished.clear();
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     lock.lock();
   }

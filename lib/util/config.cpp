@@ -240,8 +240,9 @@ constexpr Row kTable[] = {
     "an idle period (an eighth of LOOM_PEER_TIMEOUT_MS, at most 100 ms) and closes lanes left "
     "closing; 0 = no thread: the application's waiting tests do that instead, which saves a "
     "single-threaded application on tcp or sockets ~50 ns per socket call (with a second thread "
-    "the kernel counts references to the file), 2-4% of an 8 B one-way trip, but a process that calls nothing "
-    "of loom for LOOM_PEER_TIMEOUT_MS while its peers wait on it is taken by them for dead"),
+    "the kernel counts references to the file), 2-4% of an 8 B one-way trip, but a process that "
+    "calls nothing of loom for LOOM_PEER_TIMEOUT_MS while its peers wait on it is taken by them "
+    "for dead"),
   flag<&Config::peer_isolation>("LOOM_PEER_ISOLATION", "1",
     "a peer that stops taking messages (dead, stopped) never holds up the lane's traffic with "
     "other peers; on shm, which completes an endpoint's operations above its 4 KiB inject size "

@@ -2,9 +2,7 @@
 // than its own holds deferred work (LaneRegistry::deferred_elsewhere). Its own lane's work waits
 // for that lane's progress; sending every post through the registry's lock and lane list for it
 // cost each small message about 45 instructions (scripts/cost.sh) and ran nothing.
-#include <atomic>
 #include <chrono>
-#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -29,53 +27,30 @@ TEST_CASE("mux a lane's own deferred work does not send its posts to the other l
   mux::Lane& send = registry.join(kPeer, mux::Direction::kSend, registry.default_placement());
   mux::Lane& recv = registry.join(kPeer, mux::Direction::kRecv, registry.default_placement());
   REQUIRE(&send != &recv);
-  CountingPort sender;
-  CountingPort receiver;
-  mux::CommId sender_id = 0;
-  mux::CommId receiver_id = 0;
   {
-    std::lock_guard lock(send.lock());
-    sender_id = send.attach(sender);
-  }
-  {
-    std::lock_guard lock(recv.lock());
-    receiver_id = recv.attach(receiver);
-  }
+    AttachedCounter sender(send);
+    AttachedCounter receiver(recv);
 
-  REQUIRE_FALSE(registry.deferred_elsewhere(send));
-  {
-    std::lock_guard lock(send.lock());
-    send.defer(sender, sender_id);
-  }
-  // Only the sender's own lane holds work: nothing for its posts to run elsewhere, while the
-  // receive lane's posts would find it.
-  CHECK(registry.any_deferred());
-  CHECK_FALSE(registry.deferred_elsewhere(send));
-  CHECK(registry.deferred_elsewhere(recv));
-  registry.run_deferred_elsewhere(send);
-  CHECK(sender.runs == 0);
+    REQUIRE_FALSE(registry.deferred_elsewhere(send));
+    sender.defer();
+    // Only the sender's own lane holds work: nothing for its posts to run elsewhere, while the
+    // receive lane's posts would find it.
+    CHECK(registry.any_deferred());
+    CHECK_FALSE(registry.deferred_elsewhere(send));
+    CHECK(registry.deferred_elsewhere(recv));
+    registry.run_deferred_elsewhere(send);
+    CHECK(sender.runs() == 0);
 
-  {
-    std::lock_guard lock(recv.lock());
-    recv.defer(receiver, receiver_id);
-  }
-  CHECK(registry.deferred_elsewhere(send));
-  registry.run_deferred_elsewhere(send);
-  CHECK(receiver.runs == 1);
-  CHECK(sender.runs == 0);
-  CHECK_FALSE(registry.deferred_elsewhere(send));
+    receiver.defer();
+    CHECK(registry.deferred_elsewhere(send));
+    registry.run_deferred_elsewhere(send);
+    CHECK(receiver.runs() == 1);
+    CHECK(sender.runs() == 0);
+    CHECK_FALSE(registry.deferred_elsewhere(send));
 
-  registry.run_deferred_elsewhere(recv);
-  CHECK(sender.runs == 1);
-  CHECK_FALSE(registry.any_deferred());
-
-  {
-    std::lock_guard lock(send.lock());
-    send.detach(sender_id);
-  }
-  {
-    std::lock_guard lock(recv.lock());
-    recv.detach(receiver_id);
+    registry.run_deferred_elsewhere(recv);
+    CHECK(sender.runs() == 1);
+    CHECK_FALSE(registry.any_deferred());
   }
   registry.leave(send, kPeer);
   registry.leave(recv, kPeer);

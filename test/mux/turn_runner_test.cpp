@@ -55,31 +55,20 @@ TEST_CASE("mux without a progress thread the callers run the turn once an idle p
                              std::chrono::milliseconds(1000), mux::TurnRunner::kCallers);
   mux::Lane& send = registry.join(kPeer, mux::Direction::kSend, registry.default_placement());
   mux::Lane& recv = registry.join(kPeer, mux::Direction::kRecv, registry.default_placement());
-  CountingPort receiver;
-  mux::CommId id = 0;
   {
-    std::lock_guard lock(recv.lock());
-    id = recv.attach(receiver);
-    recv.defer(receiver, id);
-  }
-  // The receive lane is nobody's to poll: only a turn runs its deferred work.
-  std::this_thread::sleep_for(kIdle + std::chrono::milliseconds(50));
-  CHECK(receiver.runs == 0);
-  registry.run_due_turn();
-  CHECK(receiver.runs == 1);
-  {
-    std::lock_guard lock(recv.lock());
-    recv.defer(receiver, id);
-  }
-  registry.run_due_turn();  // the next turn is an idle period away
-  CHECK(receiver.runs == 1);
-  std::this_thread::sleep_for(kIdle + std::chrono::milliseconds(50));
-  registry.run_due_turn();
-  CHECK(receiver.runs == 2);
-
-  {
-    std::lock_guard lock(recv.lock());
-    recv.detach(id);
+    AttachedCounter receiver(recv);
+    receiver.defer();
+    // The receive lane is nobody's to poll: only a turn runs its deferred work.
+    std::this_thread::sleep_for(kIdle + std::chrono::milliseconds(50));
+    CHECK(receiver.runs() == 0);
+    registry.run_due_turn();
+    CHECK(receiver.runs() == 1);
+    receiver.defer();
+    registry.run_due_turn();  // the next turn is an idle period away
+    CHECK(receiver.runs() == 1);
+    std::this_thread::sleep_for(kIdle + std::chrono::milliseconds(50));
+    registry.run_due_turn();
+    CHECK(receiver.runs() == 2);
   }
   registry.leave(send, kPeer);
   registry.leave(recv, kPeer);
