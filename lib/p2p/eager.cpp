@@ -75,14 +75,7 @@ void SendCommImpl::post_eager(Request& r) {
   }
   if (carrier.carries_control && status == Status::kOk) carried_length_ = 0;
   if (status == Status::kOk) {
-    if (ahead) {
-      --credits_;
-      ++stats_.eager;
-      if (Outgoing* outgoing = outgoing_.find(part.seq)) {
-        outgoing->ahead = Ahead::kUnplaced;
-        outgoing->tag = part.tag;
-      }
-    }
+    if (ahead) note_sent_ahead(part);
     if (inject) {
       part.delivered = part.size;
       part.to(SendState::kDone);
@@ -97,6 +90,32 @@ void SendCommImpl::post_eager(Request& r) {
     part.status = Status::kError;
     part.to(SendState::kFailed);
     break_off(data_rail.last_error());
+  }
+}
+
+bool SendCommImpl::inject_first(const void* data, std::size_t size, Tag tag,
+                                const ofi::MemoryRegistration* registration, std::uint32_t seq) {
+  // post_eager's inject of a message sent ahead, decided from the same facts; a request must
+  // be free for it, as isend refuses a message it has none for.
+  assert(!carry_control_ && min_carrier_ == 0);  // isend's check: no carrier rides along
+  if (ahead_next_ != seq || credits_ == 0 || size > eager_size_ || size > eager_max_ ||
+      inject_max_ == 0 || size > inject_max_ ||
+      (registration != nullptr && registration->type() != MemoryType::kHost) ||
+      !requests_.can_take() || group_known(seq)) {
+    return false;
+  }
+  const std::uint64_t wire_tag =
+      mux::encode_tag({mux::TagKind::kEager, peer_id_, seq, false, false});
+  return lane_->rails().data(0).tagged_inject(peer_data_[0], data, size, wire_tag, tag) ==
+         Status::kOk;
+}
+
+void SendCommImpl::note_sent_ahead(const Part& part) {
+  --credits_;
+  ++stats_.eager;
+  if (Outgoing* outgoing = outgoing_.find(part.seq)) {
+    outgoing->ahead = Ahead::kUnplaced;
+    outgoing->tag = part.tag;
   }
 }
 

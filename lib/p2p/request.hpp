@@ -249,6 +249,8 @@ class RequestPool {
     return build();
   }
   void give_back(Request& request) { free_.push_back(&request); }
+  // Whether take() would give a request.
+  [[nodiscard]] bool can_take() const noexcept { return !free_.empty() || built_ < capacity_; }
   // The request built `index`-th, or nullptr (any index may come in: it is the user's).
   [[nodiscard]] Request* at(std::uint32_t index) noexcept {
     return index < built_ ? &requests_[index] : nullptr;

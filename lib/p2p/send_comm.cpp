@@ -48,6 +48,11 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   }
   if (size > max_size_) [[unlikely]]
     return refuse_size(size);
+  // The common small send leaves first and is recorded after: its request's bookkeeping is
+  // not on the way of a reply.
+  // (Not where a carrier may ride along: tcp;ofi_rxm by default.)
+  const bool left = !carry_control_ && min_carrier_ == 0 &&
+                    inject_first(data, size, tag, registration, next_seq_);
   // A clearance that came carried on the peer's last message waits in our inbox (our receiving
   // lane put it there). A message that cannot go ahead on a credit needs it now; one that can
   // leaves at once and meets its clearance at the next progress. Before this message has a
@@ -68,7 +73,12 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
               .peer_seq = seq};
   if (registration != nullptr) hold_region(part, region);
   claim_outgoing(seq).send = r;
-  if (group_known(seq)) {
+  if (left) [[likely]] {
+    note_sent_ahead(part);
+    part.delivered = size;
+    part.to(SendState::kDone);
+    ahead_next_ = seq + 1;
+  } else if (group_known(seq)) {
     part.peer_seq = place(seq, tag);
     match(*r);
   } else if (ahead_next_ == seq && credits_ != 0 && eager_fits(part)) [[likely]] {

@@ -87,6 +87,14 @@ class SendCommImpl final : public Comm {
   [[nodiscard]] bool eager_fits(const Part& part) const noexcept;
   [[nodiscard]] bool injects(const Part& part) const noexcept;
   void post_eager(Request& request);
+  // Message `seq` leaves now, before its request is built, where post_eager would inject it
+  // bare at once: next in line, on a credit, from host memory (the caller checked that no
+  // carrier rides along). false: it did not leave (another case, or the provider refused), and
+  // isend posts it the general way.
+  bool inject_first(const void* data, std::size_t size, Tag tag,
+                    const ofi::MemoryRegistration* registration, std::uint32_t seq);
+  // What a message sent ahead on a credit leaves behind once it is out.
+  void note_sent_ahead(const Part& part);
   // The carrier built for an inject: its length (0: none) and whether it holds the control
   // message taken (else padding alone).
   struct Carrier {
