@@ -112,19 +112,25 @@ std::size_t RailSet::progress(Awaiting awaiting) {
   for (std::size_t i = 0; i < data_rails_; ++i) rails_[i]->retry_receives();
   std::size_t handled = 0;
   for (std::size_t i = 0; i < data_cqs_; ++i) handled += cqs_[i]->progress();
-  if (handled == 0) {
-    control_skips_left_ =
-        awaiting == Awaiting::kData ? std::min(control_skips_left_, kQuietControlSkips) : 0;
-  }
-  if (control_skips_left_ > 0) {
-    --control_skips_left_;
-    return handled;
-  }
+  if (!control_due(handled != 0, awaiting)) return handled;
   ++control_reads_;
   std::size_t control = 0;
   for (std::size_t i = data_cqs_; i < cqs_.size(); ++i) control += cqs_[i]->progress();
-  control_skips_left_ = control != 0 ? 0 : handled != 0 ? kBusyControlSkips : kQuietControlSkips;
+  control_owed_ = control != 0;
+  busy_calls_ = 0;
+  quiet_skips_left_ = kQuietControlSkips;
   return handled + control;
+}
+
+bool RailSet::control_due(bool found_data, Awaiting awaiting) noexcept {
+  if (control_owed_) return true;
+  // The caller's data first: on rxm a control read is a poll(), on the way of the reply the
+  // data may let the caller send. The next call reads for it.
+  if (found_data) return ++busy_calls_ > kBusyControlSkips;
+  if (busy_calls_ != 0 || awaiting == Awaiting::kAnything) return true;
+  if (quiet_skips_left_ == 0) return true;
+  --quiet_skips_left_;
+  return false;
 }
 
 void RailSet::set_remote_write_handler(RemoteWriteHandler* handler) noexcept {

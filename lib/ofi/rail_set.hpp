@@ -63,17 +63,19 @@ class RailSet {
   // poll() and a clock read; on shm a lock pair. A receiver of bulk data need not pay them on
   // every call (README, Performance), nor a test() waiting for an eager message: it delays the
   // message by half a turn of the waiting loop, which reading both CQs made twice as long.
-  // After an empty control read the next kBusyControlSkips calls that found data skip it; a
-  // call that found none reads it, unless it awaits kData, which skips it kQuietControlSkips
-  // times. A control message therefore waits at most kBusyControlSkips calls, and one found
-  // makes the next call read again.
+  // A call that found data returns it to its caller first (a reply waits on it) and leaves
+  // the control CQs to the next call, which reads them; kBusyControlSkips such calls in a row,
+  // and the next reads them itself. A call that found nothing reads them, unless it awaits
+  // kData, which skips kQuietControlSkips times after a read. A read that finds something makes
+  // the next call read again. A control message therefore waits at most kBusyControlSkips
+  // calls.
   std::size_t progress(Awaiting awaiting = Awaiting::kAnything);
   static constexpr unsigned kBusyControlSkips = 8;
   static constexpr unsigned kQuietControlSkips = 3;
   // How many progress() calls read the control CQs.
   [[nodiscard]] std::uint64_t control_reads() const noexcept { return control_reads_; }
   // The next progress() reads the control CQs whatever came on the data rails.
-  void read_control_next() noexcept { control_skips_left_ = 0; }
+  void read_control_next() noexcept { control_owed_ = true; }
   // Remote writes arriving on any of the set's rails go to `handler`.
   void set_remote_write_handler(RemoteWriteHandler* handler) noexcept;
 
@@ -81,7 +83,13 @@ class RailSet {
   std::size_t data_rails_;
   std::size_t max_msg_size_ = SIZE_MAX;
   std::size_t data_cqs_ = 0;  // cqs_[0, data_cqs_) serve data rails, the rest control rails
-  unsigned control_skips_left_ = 0;
+  // progress()'s control reads: whether the next call must read (the last read found
+  // something, or the caller asked), calls that found data since the last read, and idle calls
+  // awaiting kData left to skip.
+  [[nodiscard]] bool control_due(bool found_data, Awaiting awaiting) noexcept;
+  bool control_owed_ = true;
+  unsigned busy_calls_ = 0;
+  unsigned quiet_skips_left_ = 0;
   std::uint64_t control_reads_ = 0;
   // Declaration order is teardown order, reversed: MR cache, rails (endpoints), CQs; without
   // FI_MR_ENDPOINT the destructor closes the rails before the MR cache.

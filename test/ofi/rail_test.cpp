@@ -340,6 +340,81 @@ TEST_CASE("rail set reads a quiet control CQ once per few idle calls when data i
   set.registration_table().release(outbox_mr);
 }
 
+// A call that finds data returns it before reading the control CQ (on rxm a poll(), on the way
+// of the reply the caller may send now); the next call reads it. kBusyControlSkips such calls in
+// a row, and the next one reads it itself.
+TEST_CASE("rail set leaves the control CQ of a call that found data to the next call", "[local]") {
+  TestFabric fabric(1, 1);
+  ofi::RailSet& set = *fabric.rails;
+  ofi::Rail& data = set.data(0);
+  const ofi::Address self = data.insert_peer(data.address());
+  constexpr std::size_t kMessage = 64;
+  constexpr std::size_t kMessages = ofi::RailSet::kBusyControlSkips + 2;
+  std::vector<std::byte> inbox(kMessages * kMessage), outbox(kMessages * kMessage);
+  for (std::size_t k = 0; k < kMessages; ++k)
+    fill_pattern({outbox.data() + k * kMessage, kMessage}, 23 + k);
+  auto& inbox_mr = set.registration_table().acquire(inbox.data(), inbox.size());
+  auto& outbox_mr = set.registration_table().acquire(outbox.data(), outbox.size());
+  std::vector<std::unique_ptr<Tracker>> received, sent;
+  using Awaiting = ofi::RailSet::Awaiting;
+
+  // One message at a time to ourselves: each is found by a call that reads nothing else.
+  auto deliver_one = [&](std::size_t k) {
+    received.push_back(std::make_unique<Tracker>());
+    sent.push_back(std::make_unique<Tracker>());
+    std::byte* at = inbox.data() + k * kMessage;
+    REQUIRE(data.tagged_recv(at, kMessage, inbox_mr.desc(data.index()), k, 0,
+                             &received.back()->op) == Status::kOk);
+    post(
+        set, data,
+        [&] {
+          return data.tagged_send(self, outbox.data() + k * kMessage, kMessage,
+                                  outbox_mr.desc(data.index()), k, 0, &sent.back()->op);
+        },
+        "tagged send to self");
+    // Until the message is in (its send may complete first, in a call of its own).
+    std::uint64_t reads_before_found = 0;
+    std::size_t handled = 0;
+    poll_until([&] { return received.back()->completions == 1; },
+               [&] {
+                 reads_before_found = set.control_reads();
+                 handled = set.progress(Awaiting::kData);
+               },
+               "a data message to self");
+    REQUIRE(received.back()->last.status == Status::kOk);
+    REQUIRE(received.back()->last.length == kMessage);
+    CHECK(check_pattern({at, kMessage}, 23 + k).empty());
+    REQUIRE(handled != 0);
+    return set.control_reads() - reads_before_found;
+  };
+
+  set.read_control_next();
+  REQUIRE(set.progress(Awaiting::kData) == 0);  // the owed read: none owed from here
+  // The call that found the message left the control CQ alone; the next call reads it.
+  CHECK(deliver_one(0) == 0);
+  const std::uint64_t before_idle = set.control_reads();
+  REQUIRE(set.progress(Awaiting::kData) == 0);
+  CHECK(set.control_reads() == before_idle + 1);
+  // Calls that find data in a row: kBusyControlSkips leave it, the next reads it.
+  std::uint64_t reads = 0;
+  for (std::size_t k = 1; k <= ofi::RailSet::kBusyControlSkips + 1; ++k) {
+    const std::uint64_t read = deliver_one(k);
+    INFO("message " << k);
+    CHECK(read == (k == ofi::RailSet::kBusyControlSkips + 1 ? 1u : 0u));
+    reads += read;
+  }
+  CHECK(reads == 1);
+  for (auto& t : sent) {
+    if (t->completions == 0) {
+      poll_until([&] { return t->completions == 1; }, [&] { set.progress(); },
+                 "a send's completion");
+    }
+    CHECK(t->last.status == Status::kOk);
+  }
+  set.registration_table().release(inbox_mr);
+  set.registration_table().release(outbox_mr);
+}
+
 }  // namespace loom::test
 
 namespace loom::test {
