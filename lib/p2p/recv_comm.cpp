@@ -44,13 +44,10 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
     return reject(Status::kInvalid, "irecv takes 1 to " + std::to_string(kMaxParts) +
                                         " buffers, got " + std::to_string(buffers.size()));
   }
-  // Set for the buffers given only: clearing all kMaxParts would cost every post more.
-  const ofi::MemoryRegistration* registrations[kMaxParts];
+  const ofi::MemoryRegistration* registrations[kMaxParts] = {};
   for (std::size_t i = 0; i < buffers.size(); ++i) {
-    const RecvBuffer& buffer = buffers[i];
-    registrations[i] = nullptr;
-    if (buffer.size == 0) continue;
-    registrations[i] = lookup(buffer.region, buffer.data, buffer.size);
+    if (buffers[i].size == 0) continue;
+    registrations[i] = lookup(buffers[i].region, buffers[i].data, buffers[i].size);
     if (registrations[i] == nullptr) [[unlikely]]
       return Status::kInvalid;
   }
