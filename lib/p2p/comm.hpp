@@ -35,6 +35,7 @@ inline constexpr std::size_t kSeqWindow = 1024;
 inline constexpr unsigned kIdlePollsPerProgressAnother = 16;
 static_assert((kIdlePollsPerProgressAnother & (kIdlePollsPerProgressAnother - 1)) == 0);
 static_assert(kMaxRequests * kMaxParts <= kSeqWindow);
+static_assert(kMaxRequests <= 256, "Request::index is a byte");
 // One limit under two names: the public one, and the wire's and the request's.
 static_assert(kMaxParts == kMaxRecvBuffers, "a receive request's parts are irecv's buffers");
 static_assert(kMaxOps >= kMaxParts && kMaxOps >= kMaxSendStripes,

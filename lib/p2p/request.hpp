@@ -117,8 +117,8 @@ struct Part {
 
 struct Request final : ofi::CompletionHandler {
   Comm* comm = nullptr;
-  std::uint32_t index = 0;       // its place in the communicator's pool (the handle names it)
   std::uint32_t generation = 0;  // new at every post: what the user's handle must match
+  std::uint8_t index = 0;        // its place in the communicator's pool (the handle names it)
   RequestKind kind = RequestKind::kSend;
   RecordState record = RecordState::kFree;
   bool backpressured = false;  // in the communicator's retry list
@@ -275,7 +275,7 @@ class RequestPool {
     if (built_ == capacity_) return nullptr;
     Request& r = requests_.emplace_back();  // within the reserved capacity: nothing moves
     r.comm = owner_;
-    r.index = built_++;
+    r.index = static_cast<std::uint8_t>(built_++);
     for (auto& op : r.ops) op.handler = &r;
     return &r;
   }

@@ -275,6 +275,104 @@ void pool_sender(Channel& channel, std::size_t ncomms) {
   channel.barrier();
 }
 
+// ---- a refused isend sends nothing --------------------------------------------------------------
+
+// A send refused for a full pool must not have left, even where a credit would let it leave at
+// once (SendCommImpl::inject_first): its buffer is the application's again, to refill. The
+// sender fills its pool with small sends that all go ahead on credits, offers one more from a
+// buffer holding a poison pattern, then refills that buffer and posts it again once there is
+// room: the receiver must see the refilled message, and nothing else, in its place.
+constexpr std::size_t kSmall = 64;
+constexpr std::size_t kRefused = kPool + 1;  // message 0, then kPool that fill the pool
+constexpr std::uint64_t kPoison = 0xBAD;
+
+Config refusal_config() {
+  Config config = pool_config();
+  config.eager_credits = 2 * kPool;  // credits to spare once the pool is full
+  return config;
+}
+
+void refusal_receiver(Channel& channel) {
+  Context context(refusal_config());
+  Listener listener = context.listen();
+  send_handle(channel, listener.handle());
+  std::vector<std::byte> slab((kRefused + 2) * kSmall);  // outlives the receives close() cancels
+  std::unique_ptr<RecvComm> comm = accept_one(listener);
+  const MemoryRegion region = comm->register_memory(slab.data(), slab.size());
+  CloseOnUnwind closing({comm.get()});
+  require(channel.recv_value<std::uint64_t>() == kRefused, "the sender's refusal");
+  // Everything the sender posted, then one more buffer that nothing may fill; at most a pool's
+  // worth posted at a time, in order.
+  std::deque<Request> posted;
+  std::size_t next = 0;
+  auto post_next = [&] {
+    RecvBuffer buffer{slab.data() + next * kSmall, kSmall, tag_of(0, next), region};
+    Request request;
+    require(post_into(comm->irecv({&buffer, 1}), request) == Status::kOk,
+            "irecv: " + comm->last_error());
+    posted.push_back(request);
+    ++next;
+  };
+  while (next <= kRefused + 1 && posted.size() < kPool) post_next();
+  for (std::size_t k = 0; k <= kRefused; ++k) {
+    const std::size_t size = finish(*comm, posted.front());
+    posted.pop_front();
+    if (next <= kRefused + 1) post_next();
+    require(size == kSmall,
+            "message " + std::to_string(k) + ": " + std::to_string(size) + " bytes");
+    const std::string error = check_pattern({slab.data() + k * kSmall, kSmall}, seed_of(0, k));
+    require(error.empty(), "message " + std::to_string(k) + ": " + error +
+                               (k == kRefused ? " (the refused isend's bytes arrived?)" : ""));
+  }
+  channel.barrier();  // the sender posted nothing more
+  bool done = false;
+  const Status status = test_once(*comm, posted.front(), done);
+  require(posted.size() == 1 && status == Status::kOk && !done,
+          "a message nobody sent arrived: " + std::string(to_string(status)) + ": " +
+              comm->last_error());
+  channel.barrier();  // before the sender closes: its close notice would end the receive
+  comm->close();
+}
+
+void refusal_sender(Channel& channel) {
+  Context context(refusal_config());
+  const Handle handle = recv_handle(channel);
+  std::vector<std::byte> slab((kRefused + 1) * kSmall);
+  std::unique_ptr<SendComm> comm = connect_one(context, handle);
+  const MemoryRegion region = comm->register_memory(slab.data(), slab.size());
+  CloseOnUnwind closing({comm.get()});
+  auto post = [&](std::size_t k, std::uint64_t seed, Request& request) {
+    std::byte* data = slab.data() + k * kSmall;
+    fill_pattern({data, kSmall}, seed);
+    return post_into(comm->isend(data, kSmall, tag_of(0, k), region), request);
+  };
+  // Nothing is posted on the other side: message 0 completes on a credit, so the grant is in.
+  Request first;
+  require(post(0, seed_of(0, 0), first) == Status::kOk, "isend: " + comm->last_error());
+  finish(*comm, first);
+  std::vector<Request> inflight;
+  for (std::size_t k = 1; k < kRefused; ++k) {
+    Request request;
+    require(post(k, seed_of(0, k), request) == Status::kOk, "isend: " + comm->last_error());
+    inflight.push_back(request);
+  }
+  require(comm->stats().eager == kRefused, "every message should have gone ahead on a credit: " +
+                                               std::to_string(comm->stats().eager) + " of " +
+                                               std::to_string(kRefused));
+  Request refused;
+  require(post(kRefused, kPoison, refused) == Status::kRetry && !refused.valid(),
+          "isend on a full pool: " + comm->last_error());
+  channel.send_value<std::uint64_t>(kRefused);
+  for (const Request& request : inflight) finish(*comm, request);
+  Request again;
+  require(post(kRefused, seed_of(0, kRefused), again) == Status::kOk,
+          "isend with room in the pool: " + comm->last_error());
+  finish(*comm, again);
+  channel.barrier();
+  channel.barrier();  // the receiver looked for a message too many
+  comm->close();
+}
+
 // ---- many communicators, a lane each ----------------------------------------------------------
 
 constexpr std::size_t kMany = 200;
@@ -592,6 +690,13 @@ TEST_CASE("p2p exhaustion: requests beyond the pool are refused with kRetry and 
           "[exhaustion]") {
   auto failure =
       run_pair([](Channel& c) { pool_receiver(c, 1); }, [](Channel& c) { pool_sender(c, 1); });
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
+TEST_CASE("p2p exhaustion: an isend refused for a full pool sends nothing even on a credit",
+          "[exhaustion]") {
+  auto failure = run_pair(refusal_receiver, refusal_sender);
   INFO(failure);
   REQUIRE(failure.empty());
 }
