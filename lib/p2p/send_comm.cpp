@@ -49,8 +49,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   if (size > max_size_) [[unlikely]]
     return refuse_size(size);
   // The common small send leaves first and is recorded after: its request's bookkeeping is
-  // not on the way of a reply.
-  // (Not where a carrier may ride along: tcp;ofi_rxm by default.)
+  // not on the way of a reply. Not where a carrier may ride along (tcp;ofi_rxm's default).
   const bool left = !carry_control_ && min_carrier_ == 0 &&
                     inject_first(data, size, tag, registration, next_seq_);
   // A clearance that came carried on the peer's last message waits in our inbox (our receiving
@@ -73,7 +72,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
               .peer_seq = seq};
   if (registration != nullptr) hold_region(part, region);
   claim_outgoing(seq).send = r;
-  if (left) [[likely]] {
+  if (left) {
     note_sent_ahead(part);
     part.delivered = size;
     part.to(SendState::kDone);
