@@ -427,7 +427,7 @@ void SendCommImpl::match(Request& r) {
     part.to(SendState::kFailing);
     return;
   }
-  if (credits_ != 0 && eager_fits(part)) {
+  if (credits_ != 0 && eager_fits(part.size)) {
     --credits_;  // taken now: a retry must not find it gone
     ++stats_.eager;
     part.to(SendState::kEagerReady);

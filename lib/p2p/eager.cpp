@@ -33,18 +33,19 @@ namespace loom::p2p {
 
 // Whether a message may use a credit: up to the receiver's eager size (0 until its first
 // grant) and our own eager limit (eager_max_: never above the provider's max_msg_size).
-bool SendCommImpl::eager_fits(const Part& part) const noexcept {
-  return part.size <= eager_size_ && part.size <= eager_max_;
+bool SendCommImpl::eager_fits(std::size_t size) const noexcept {
+  return size <= eager_size_ && size <= eager_max_;
 }
 
 // An inject leaves no completion to generate and read: on shm that is a CQ write less under
 // the receiver's queue lock, which both processes take for every message. Eager sends inject
 // what fits, from host memory; writes too where the provider's profile says so (post_stripes).
-bool SendCommImpl::injects(const Part& part) const noexcept {
+bool SendCommImpl::injects(std::size_t size,
+                           const ofi::MemoryRegistration* registration) const noexcept {
   // inject_max_ 0 (LOOM_INJECT_MAX=0, or a profile's no_inject) means no inject at all, not
   // "empty messages only": an empty inject waits in rxd until its sender calls in again.
-  return inject_max_ != 0 && part.size <= inject_max_ &&
-         (part.registration == nullptr || part.registration->type() == MemoryType::kHost);
+  return inject_max_ != 0 && size <= inject_max_ &&
+         (registration == nullptr || registration->type() == MemoryType::kHost);
 }
 
 // kAwaitingClearance: sent ahead on a credit, before its buffer's clear-to-send (the receiver
@@ -54,7 +55,7 @@ void SendCommImpl::post_eager(Request& r) {
   Part& part = r.parts[0];
   const bool ahead = part.send == SendState::kAwaitingClearance;
   ofi::Rail& data_rail = lane_->rails().data(0);
-  const bool inject = injects(part);
+  const bool inject = injects(part.size, part.registration);
   // shm: neither control carried nor padding, decided before any call or sum.
   const bool carrier_wanted = inject && (carry_control_ || min_carrier_ != 0);
   const Carrier carrier = carrier_wanted ? fill_carrier(part) : Carrier{};
@@ -98,9 +99,7 @@ bool SendCommImpl::inject_first(const void* data, std::size_t size, Tag tag,
   // post_eager's inject of a message sent ahead, decided from the same facts; a request must
   // be free for it, as isend refuses a message it has none for.
   assert(!carry_control_ && min_carrier_ == 0);  // isend's check: no carrier rides along
-  if (ahead_next_ != seq || credits_ == 0 || size > eager_size_ || size > eager_max_ ||
-      inject_max_ == 0 || size > inject_max_ ||
-      (registration != nullptr && registration->type() != MemoryType::kHost) ||
+  if (ahead_next_ != seq || credits_ == 0 || !eager_fits(size) || !injects(size, registration) ||
       !requests_.can_take() || group_known(seq)) {
     return false;
   }
@@ -172,7 +171,7 @@ void SendCommImpl::send_ahead_waiting() {
         r->parts[0].seq != ahead_next_ || r->parts[0].send != SendState::kAwaitingClearance) {
       continue;
     }
-    if (!eager_fits(r->parts[0])) return;
+    if (!eager_fits(r->parts[0].size)) return;
     post_eager(*r);
     if (r->parts[0].send == SendState::kAwaitingClearance) return;  // pushed back: retried
   }

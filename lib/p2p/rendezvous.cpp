@@ -122,7 +122,7 @@ void SendCommImpl::post_stripes(Request& r) {
     }
     // An injected stripe is written once the call returns: no completion comes for it. A
     // body's CQ data goes as an empty write after it.
-    const bool inject = inject_writes_ && (body != 0 || injects(part));
+    const bool inject = inject_writes_ && (body != 0 || injects(part.size, part.registration));
     const std::size_t at = offset + body;
     const Status status =
         inject ? data_rail.inject_write(peer_data_[rail], part.data + at, length - body,

@@ -80,7 +80,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   } else if (group_known(seq)) {
     part.peer_seq = place(seq, tag);
     match(*r);
-  } else if (ahead_next_ == seq && credits_ != 0 && eager_fits(part)) [[likely]] {
+  } else if (ahead_next_ == seq && credits_ != 0 && eager_fits(part.size)) [[likely]] {
     // Next in line, on a credit: send_ahead_waiting's first step, without looking it up.
     post_eager(*r);
     if (part.send != SendState::kAwaitingClearance) ahead_next_ = seq + 1;  // else pushed back

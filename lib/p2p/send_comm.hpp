@@ -84,8 +84,9 @@ class SendCommImpl final : public Comm {
   void ask_for_clearances();
   bool awaiting_clearance(std::uint32_t& oldest) const noexcept override;
   // eager.cpp
-  [[nodiscard]] bool eager_fits(const Part& part) const noexcept;
-  [[nodiscard]] bool injects(const Part& part) const noexcept;
+  [[nodiscard]] bool eager_fits(std::size_t size) const noexcept;
+  [[nodiscard]] bool injects(std::size_t size,
+                             const ofi::MemoryRegistration* registration) const noexcept;
   void post_eager(Request& request);
   // Message `seq` leaves now, before its request is built, where post_eager would inject it
   // bare at once: next in line, on a credit, from host memory (the caller checked that no
