@@ -58,7 +58,8 @@ struct Profile {
   bool carry_control = true;
   // A message that carries control is padded to at least this many bytes (0: never). tcp;ofi_rxm
   // on loopback delivers carriers below about 200 bytes about a microsecond slower than larger
-  // ones (README, "Latency", has the figures); the cause is inside the provider or the kernel.
+  // ones (docs/performance.md, Small-message latency); the cause is inside the provider or the
+  // kernel.
   std::size_t min_carrier_bytes = 0;
   // Whether a write that fits the inject size goes by fi_inject_writedata (no send completion).
   // Off where the provider copies an inject into a buffer of its own that a write from the

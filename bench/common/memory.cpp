@@ -18,7 +18,15 @@ long resident_kib() {
   return pages_resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
-void HugePageBuffer::assign(std::size_t size, std::byte fill) {
+void HugePageBuffer::assign(std::size_t size, std::byte fill, HostPages pages) {
+  data_.reset();  // free the old buffer before the new one is allocated
+  if (pages == HostPages::kMalloc) {
+    data_.reset(static_cast<std::byte*>(std::malloc(std::max<std::size_t>(size, 1))));
+    if (!data_) throw std::bad_alloc();
+    std::memset(data_.get(), static_cast<int>(fill), size);
+    size_ = size;
+    return;
+  }
   const std::size_t rounded =
       (std::max<std::size_t>(size, 1) + kHugePage - 1) / kHugePage * kHugePage;
   data_.reset(static_cast<std::byte*>(std::aligned_alloc(kHugePage, rounded)));
@@ -50,7 +58,8 @@ void MemoryChoice::check() const {
 }
 
 std::string MemoryChoice::describe() const {
-  if (type == MemoryType::kHost) return "host";
+  if (type == MemoryType::kHost)
+    return pages == HostPages::kHuge ? "host" : "host (malloc'd pages)";
   const auto devices = cuda_devices();
   const CudaDevice& gpu = devices.at(static_cast<std::size_t>(device));
   return "cuda:" + std::to_string(device) + " (" + gpu.name + ", " + gpu.pci_bus_id + ")";
@@ -58,7 +67,7 @@ std::string MemoryChoice::describe() const {
 
 void MessageBuffer::assign(std::size_t size, std::byte fill) {
   if (!on_device()) {
-    host_.assign(size, fill);
+    host_.assign(size, fill, choice_.pages);
     return;
   }
   device_.reset();  // free the old buffer before the new one is allocated

@@ -16,16 +16,21 @@ namespace loom::bench {
 // This process's resident set size in KiB (/proc/self/statm: resident pages × page size).
 long resident_kib();
 
-// Message buffers are aligned to 2 MiB, sized in 2 MiB steps and advised MADV_HUGEPAGE, so
-// that transparent huge pages back them as they back large malloc'd buffers, fabtests' among
-// them (64 messages' worth each way): with 4 KiB pages shm's process_vm_readv spends much of
-// its time walking and pinning page tables, and the comparison with fabtests measures that
-// (README, Performance).
+// How host message buffers get their pages. kHuge: aligned to 2 MiB, sized in 2 MiB steps and
+// advised MADV_HUGEPAGE, so that transparent huge pages back them as they back large malloc'd
+// buffers, fabtests' among them, where the kernel's THP mode is `always` (with 4 KiB pages
+// shm's process_vm_readv spends much of its time walking and pinning page tables, and a
+// comparison with fabtests measures that: docs/performance.md, Bandwidth and message rate).
+// kMalloc: as fabtests allocates them, plain malloc: huge pages only in THP mode `always`.
+// Under `madvise` only the advised buffers get them, so a comparison there needs kMalloc
+// (compare_fabtests.py passes --host-pages malloc).
+enum class HostPages { kHuge, kMalloc };
+
 class HugePageBuffer {
  public:
   static constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
-  void assign(std::size_t size, std::byte fill);
+  void assign(std::size_t size, std::byte fill, HostPages pages = HostPages::kHuge);
   [[nodiscard]] std::byte* data() const noexcept { return data_.get(); }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
@@ -40,13 +45,14 @@ class HugePageBuffer {
 // Which memory --device names.
 struct MemoryChoice {
   MemoryType type = MemoryType::kHost;
-  int device = 0;  // the CUDA ordinal
+  int device = 0;                      // the CUDA ordinal
+  HostPages pages = HostPages::kHuge;  // --host-pages, for host memory
 
   // "host", "cuda" or "cuda:N"; throws std::invalid_argument otherwise.
   static MemoryChoice parse(const std::string& text);
   // Throws loom::Error when the memory cannot be used here (no CUDA, no such GPU).
   void check() const;
-  // "host" or "cuda:0 (NVIDIA H100 80GB HBM3, 0000:19:00.0)".
+  // "host", "host (malloc'd pages)" or "cuda:0 (NVIDIA H100 80GB HBM3, 0000:19:00.0)".
   [[nodiscard]] std::string describe() const;
 };
 

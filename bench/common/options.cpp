@@ -112,9 +112,14 @@ const char* offsets_name(Offsets offsets) {
   return "?";
 }
 
+const char* host_pages_name(HostPages pages) {
+  return pages == HostPages::kMalloc ? "malloc" : "huge";
+}
+
 namespace {
 
-// --op, --offsets, --notify-protocol: the value of that name, else a one-line refusal.
+// --op, --offsets, --notify-protocol, --host-pages: the value of that name, else a one-line
+// refusal.
 template <typename T, std::size_t N>
 T pick(const char* option, const std::string& text, const char* (*name)(T),
        const std::array<T, N>& values) {
@@ -269,6 +274,11 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   std::string device = "host";
   app.add_option("--device", device,
                  "message buffers in host memory or on a GPU: host, cuda or cuda:N (default host)");
+  std::string host_pages = "huge";
+  app.add_option("--host-pages", host_pages,
+                 "host message buffers: huge (2 MiB-aligned, advised MADV_HUGEPAGE; the default) "
+                 "or malloc (as fabtests allocates them: huge pages only in the kernel's THP "
+                 "mode always)");
   add_provider_settings_flag(app, o.provider_settings);
   app.add_flag("--print-config", print_config,
                "print every LOOM_* variable as README's table and exit");
@@ -296,6 +306,8 @@ ParseResult parse_options(int argc, char** argv, Options& o) {
   o.bandwidth = !no_bw;
   if (!o.pingpong && !o.bandwidth) throw std::invalid_argument("--no-bw with --no-pingpong");
   o.memory = MemoryChoice::parse(device);
+  o.memory.pages = pick("--host-pages", host_pages, host_pages_name,
+                        std::array{HostPages::kHuge, HostPages::kMalloc});
   o.op = pick("--op", op, op_name, std::array{Op::kSend, Op::kWrite, Op::kRead});
   o.offsets = pick("--offsets", offsets, offsets_name,
                    std::array{Offsets::kContiguous, Offsets::kShuffled, Offsets::kSame});

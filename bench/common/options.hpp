@@ -78,10 +78,12 @@ std::size_t default_iterations(std::size_t size);
 // One-sided: batches that move as many blocks as fabtests moves messages of that size (at
 // least 10).
 std::size_t default_batches(std::size_t size, std::size_t blocks);
-// "write", "read", "send"; "completion", "cq-data"; "contiguous", "shuffled", "same".
+// "write", "read", "send"; "completion", "cq-data"; "contiguous", "shuffled", "same"; "huge",
+// "malloc".
 const char* op_name(Op op);
 const char* protocol_name(NotifyProtocol protocol);
 const char* offsets_name(Offsets offsets);
+const char* host_pages_name(HostPages pages);
 
 // The options fi_p2p_bw and fi_p2p_hub share, with one name, range and meaning: --groups,
 // --timeout (each tool bounds a different wait: `timeout_doc`) and --json (`json_doc`).

@@ -24,7 +24,12 @@ microseconds on loopback.
 Both tables start with the machine: CPU, cores, kernel, libfabric, hypervisor, and what a core
 that only spins reading the clock loses to interruptions (the spin probe, on each of the two
 cores the tools are pinned to). On a virtual machine that is the floor under every p99: a round
-trip that meets one takes microseconds longer, in either tool.
+trip that meets one takes microseconds longer, in either tool. Then the kernel's transparent
+huge page mode: fabtests' large malloc'd buffers get huge pages only in mode `always`, where
+fi_p2p_bw's advised ones (its default) get them in `madvise` too, and with them shm moves 1 MiB
+twice as fast (process_vm_readv walks fewer page tables). So where the mode is not `always`
+fi_p2p_bw runs with --host-pages malloc, allocating as fabtests does; --host-pages huge keeps
+its default for every run (to compare with a --before build older than the option).
 
 --before PATH adds another fi_p2p_bw (a build of an earlier commit, say) to the same
 interleaved runs, with its figures and loom/before (paired) beside them: a change's effect and
@@ -35,6 +40,7 @@ fabtests are not part of loom: build them from libfabric's source (matching the 
 libfabric) into a directory of your own and point FABTESTS_BIN at its bin/.
 """
 import argparse
+import functools
 import json
 import os
 import platform
@@ -117,9 +123,49 @@ def spin_probe(core, seconds=0.5, gap_ns=2000):
     return gaps / (elapsed / 1e9), 100.0 * lost / elapsed
 
 
-def print_machine():
+def thp_mode():
+    """The kernel's transparent huge page mode (always, madvise, never), or None."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else None
+
+
+# --host-pages: auto (page_args), or huge / malloc for every fi_p2p_bw run.
+HOST_PAGES = {"choice": "auto"}
+
+
+@functools.cache
+def page_args(binary):
+    """fi_p2p_bw's buffers get pages as fabtests' malloc'd ones do: advised huge pages (its
+    default) match them only where the kernel backs every large mapping with huge pages
+    (`always`); elsewhere fi_p2p_bw allocates as fabtests does. An older build without the
+    option keeps its default (print_machine says so)."""
+    choice = HOST_PAGES["choice"]
+    if choice == "huge" or (choice == "auto" and thp_mode() in (None, "always")):
+        return []
+    help_text = subprocess.run([binary, "--help"], capture_output=True, text=True).stdout
+    return ["--host-pages", "malloc"] if "--host-pages" in help_text else []
+
+
+def print_machine(binaries):
     print(f"# machine: {cpu_model()}, {os.cpu_count()} cores, kernel {platform.release()}, "
           f"libfabric {libfabric_version()}, virtualization: {virtualization()}")
+    mode = thp_mode()
+    fabtests_pages = "huge pages" if mode == "always" else "small pages"
+    malloced = [b for b in binaries if page_args(b)]
+    advised = [b for b in binaries if not page_args(b)]
+    if not malloced:
+        print(f"# transparent huge pages: {mode} (fabtests' buffers get {fabtests_pages}); "
+              "fi_p2p_bw's buffers are advised huge pages")
+    else:
+        print(f"# transparent huge pages: {mode} (fabtests' buffers get {fabtests_pages}); "
+              "fi_p2p_bw allocates as fabtests does (--host-pages malloc)" +
+              (f", but not {', '.join(advised)}, which lacks the option: its buffers are "
+               "advised huge pages" if advised else ""))
     probes = []
     for core in (0, 1):
         try:
@@ -177,7 +223,8 @@ def loom_env(provider, extra=()):
 
 def run_loom_latency(binary, provider, size, json_path, rounds, warmup, extra_env=()):
     subprocess.run([binary, "--loopback", "--pin-core", "0,1", "-S", f"l:{size}", "--no-bw",
-                    "--lat-iters", str(rounds), "-w", str(warmup), "--json", json_path],
+                    "--lat-iters", str(rounds), "-w", str(warmup), "--json", json_path] +
+                   page_args(binary),
                    env=loom_env(provider, extra_env), check=True, capture_output=True,
                    timeout=300)
     with open(json_path) as f:
@@ -269,7 +316,8 @@ def latency_tables(args, fabtests, tmp):
 
 def run_loom(binary, provider, size, json_path, extra_env=()):
     subprocess.run([binary, "--loopback", "--pin-core", "0,1", "-S", size, "-I",
-                    str(iterations(size)), "--no-pingpong", "--json", json_path],
+                    str(iterations(size)), "--no-pingpong", "--json", json_path] +
+                   page_args(binary),
                    env=loom_env(provider, extra_env), check=True, capture_output=True,
                    timeout=300)
     with open(json_path) as f:
@@ -295,11 +343,17 @@ def main():
     parser.add_argument("--show-runs", action="store_true",
                         help="--latency: also print every repetition's figures (this VM's slow "
                              "periods show as runs far from the others)")
+    parser.add_argument("--host-pages", choices=["auto", "huge", "malloc"], default="auto",
+                        help="fi_p2p_bw's buffers: auto (malloc'd as fabtests' where the "
+                             "kernel's THP mode is not always, else advised huge pages), or "
+                             "one for every run (huge: to compare with a --before build "
+                             "that lacks the option)")
     args = parser.parse_args()
+    HOST_PAGES["choice"] = args.host_pages
     fabtests = os.environ.get("FABTESTS_BIN")
     if not fabtests:
         sys.exit("compare_fabtests: set FABTESTS_BIN to fabtests' bin directory")
-    print_machine()
+    print_machine([args.loom] + ([args.before] if args.before else []))
     if args.latency:
         with tempfile.TemporaryDirectory() as tmp:
             latency_tables(args, fabtests, tmp)

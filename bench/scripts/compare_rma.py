@@ -41,7 +41,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_fabtests import fabtests_args, iterations, loom_env, run_fabtests_pair, to_bytes
+from compare_fabtests import (fabtests_args, iterations, loom_env, page_args, print_machine,
+                              run_fabtests_pair, to_bytes)
 
 CASES = "512k:128,16m:1,64m:1,4k:128,16k:128,64k:128"
 PORT = 9700
@@ -59,7 +60,7 @@ def run_loom(binary, provider, size, blocks, batches, protocol, offsets, json_pa
     done = subprocess.run([binary, "--loopback", "--pin-core", "0,1", "--op", "write",
                            "--blocks", str(blocks), "-S", size, "-I", str(batches), "-w", "2",
                            "--no-pingpong", "--notify-protocol", protocol, "--offsets", offsets,
-                           "--json", json_path],
+                           "--json", json_path] + page_args(binary),
                           env=loom_env(provider), capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         why = (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1]
@@ -88,6 +89,7 @@ def main():
     if not fabtests:
         sys.exit("compare_rma: set FABTESTS_BIN to fabtests' bin directory")
     rma_bw = os.path.join(fabtests, "fi_rma_bw")
+    print_machine([args.loom])
     cases = [(c.split(":")[0], int(c.split(":")[1])) for c in args.cases.split(",")]
     port = PORT
     with tempfile.TemporaryDirectory() as tmp:

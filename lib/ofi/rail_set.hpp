@@ -61,7 +61,7 @@ class RailSet {
   // NIC) once, and the control CQs unless they were empty on a recent read; returns completions
   // handled. On rxm every endpoint has a CQ of its own below ours, and reading an idle one is a
   // poll() and a clock read; on shm a lock pair. A receiver of bulk data need not pay them on
-  // every call (README, Performance), nor a test() waiting for an eager message: it delays the
+  // every call (docs/performance.md), nor a test() waiting for an eager message: it delays the
   // message by half a turn of the waiting loop, which reading both CQs made twice as long.
   // A call that found data returns it to its caller first (a reply waits on it) and leaves
   // the control CQs to the next call, which reads them; kBusyControlSkips such calls in a row,

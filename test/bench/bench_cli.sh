@@ -25,6 +25,7 @@ expect_refusal "window out of range" 5 -W 0
 expect_refusal "loopback with a server" 5 --loopback 127.0.0.1
 expect_refusal "unreachable server" 10 --timeout 2 -E 1 127.0.0.1
 expect_refusal "unknown device" 5 --device gpu0
+expect_refusal "unknown host pages" 5 --host-pages tiny
 expect_refusal "unknown op" 5 --op put
 expect_refusal "blocks without one-sided op" 5 --blocks 4
 expect_refusal "no blocks per batch" 5 --op write --blocks 0
