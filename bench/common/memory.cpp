@@ -18,7 +18,7 @@ long resident_kib() {
   return pages_resident * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
-void HugePageBuffer::assign(std::size_t size, std::byte fill, HostPages pages) {
+void HostBuffer::assign(std::size_t size, std::byte fill, HostPages pages) {
   data_.reset();  // free the old buffer before the new one is allocated
   if (pages == HostPages::kMalloc) {
     data_.reset(static_cast<std::byte*>(std::malloc(std::max<std::size_t>(size, 1))));

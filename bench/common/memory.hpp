@@ -26,7 +26,7 @@ long resident_kib();
 // (compare_fabtests.py passes --host-pages malloc).
 enum class HostPages { kHuge, kMalloc };
 
-class HugePageBuffer {
+class HostBuffer {
  public:
   static constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
@@ -75,7 +75,7 @@ class MessageBuffer {
 
  private:
   MemoryChoice choice_;
-  HugePageBuffer host_;
+  HostBuffer host_;
   std::optional<CudaBuffer> device_;
 };
 

@@ -35,8 +35,7 @@ Alltoall::Alltoall(const AlltoallOptions& options, Mesh& mesh, std::size_t max_s
   rounds_.resize(ring_);
 }
 
-std::byte* Alltoall::slot(const HugePageBuffer& buffer, const Peer& peer,
-                          std::size_t iteration) const {
+std::byte* Alltoall::slot(const HostBuffer& buffer, const Peer& peer, std::size_t iteration) const {
   if (!options_.verify) return buffer.data();
   return buffer.data() + (peer.index * ring_ + iteration % ring_) * max_size_;
 }

@@ -45,7 +45,7 @@ class Alltoall {
     std::size_t left = 0;  // requests of this iteration not completed yet
   };
 
-  [[nodiscard]] std::byte* slot(const HugePageBuffer& buffer, const Peer& peer,
+  [[nodiscard]] std::byte* slot(const HostBuffer& buffer, const Peer& peer,
                                 std::size_t iteration) const;
   void post_receives(std::size_t size, std::size_t iteration);
   void post_sends(std::size_t size, std::size_t iteration);
@@ -58,8 +58,8 @@ class Alltoall {
   Mesh& mesh_;
   std::size_t max_size_;
   std::size_t ring_;  // depth + 1: receives run one iteration ahead
-  HugePageBuffer send_buffer_;
-  HugePageBuffer recv_buffer_;
+  HostBuffer send_buffer_;
+  HostBuffer recv_buffer_;
   Region send_region_;
   Region recv_region_;
   std::vector<Peer> peers_;

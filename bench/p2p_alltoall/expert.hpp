@@ -68,9 +68,9 @@ class Expert {
   std::size_t tokens_;
   std::size_t hidden_;
   std::size_t topk_;
-  HugePageBuffer token_buffer_;
-  HugePageBuffer dispatch_buffer_;
-  HugePageBuffer combine_buffer_;
+  HostBuffer token_buffer_;
+  HostBuffer dispatch_buffer_;
+  HostBuffer combine_buffer_;
   Region token_region_;
   Region dispatch_region_;
   Region combine_region_;

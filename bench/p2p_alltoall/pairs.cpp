@@ -28,7 +28,7 @@ Pairs::Pairs(const AlltoallOptions& options, Mesh& mesh, std::size_t max_size)
 }
 
 std::byte* Pairs::slot(const Stream& stream, std::size_t message) const {
-  const HugePageBuffer& buffer = stream.send ? send_buffer_ : recv_buffer_;
+  const HostBuffer& buffer = stream.send ? send_buffer_ : recv_buffer_;
   if (!options_.verify) return buffer.data();
   // Peers in rank order without this one.
   const int me = mesh_.rank();

@@ -55,8 +55,8 @@ class Pairs {
   std::size_t max_size_;
   std::size_t window_;
   std::uint64_t run_ = 0;
-  HugePageBuffer send_buffer_;
-  HugePageBuffer recv_buffer_;
+  HostBuffer send_buffer_;
+  HostBuffer recv_buffer_;
   Region send_region_;
   Region recv_region_;
 };

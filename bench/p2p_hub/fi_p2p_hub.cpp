@@ -150,8 +150,8 @@ class Hub {
   loom::Context context_;
   loom::Listener listener_;
   // Declared before the comms, which may write into them until they are closed.
-  HugePageBuffer send_buffer_;
-  HugePageBuffer recv_buffer_;
+  HostBuffer send_buffer_;
+  HostBuffer recv_buffer_;
   std::vector<loom::Handle> handles_;  // each peer's listen handle
   std::vector<HubLink> links_;
   std::vector<PeerFigures> peers_;

@@ -184,7 +184,7 @@ HubLink open_link(Context& context, Listener& listener, const Handle& remote, un
 }
 
 void exchange(HubLink& link, unsigned peer, Direction out, std::size_t size,
-              HugePageBuffer& send_buffer, HugePageBuffer& recv_buffer, const Watch& watch) {
+              HostBuffer& send_buffer, HostBuffer& recv_buffer, const Watch& watch) {
   const Direction in = out == Direction::kToPeer ? Direction::kToHub : Direction::kToPeer;
   const std::size_t n = link.send.size();
   std::vector<MemoryRegion> send_regions(n), recv_regions(n);
@@ -274,7 +274,7 @@ void exchange(HubLink& link, unsigned peer, Direction out, std::size_t size,
 }
 
 void exchange_traffic(HubLink& link, unsigned peer, Direction out, const HubOptions& options,
-                      HugePageBuffer& send_buffer, HugePageBuffer& recv_buffer,
+                      HostBuffer& send_buffer, HostBuffer& recv_buffer,
                       const Watch& watch) {
   for (unsigned k = 0; k < options.eager; ++k) {
     const std::size_t size = std::min(options.size, std::size_t{8} << (k % 12));
@@ -287,8 +287,8 @@ int run_peer(const HubOptions& options, const Config& config, unsigned peer, Oob
              std::chrono::steady_clock::time_point deadline) {
   std::string step = "context";
   // Declared before the context and comms, which may write into them until they are closed.
-  HugePageBuffer send_buffer;
-  HugePageBuffer recv_buffer;
+  HostBuffer send_buffer;
+  HostBuffer recv_buffer;
   try {
     Context context(config);
     step = "listen";

@@ -83,12 +83,12 @@ enum class Direction : std::uint8_t { kToPeer = 0, kToHub = 1 };
 // The buffers hold n messages each (n = comms each way); they are registered for the exchange
 // only. Throws std::runtime_error naming the comm and what went wrong.
 void exchange(HubLink& link, unsigned peer, Direction out, std::size_t size,
-              HugePageBuffer& send_buffer, HugePageBuffer& recv_buffer, const Watch& watch);
+              HostBuffer& send_buffer, HostBuffer& recv_buffer, const Watch& watch);
 
 // `options.eager` rounds of exchange() with small messages (8 B, 16 B, ... 16 KiB, again from
 // 8 B; at most -S bytes), then one of options.size: the traffic of a peer, both ends alike.
 void exchange_traffic(HubLink& link, unsigned peer, Direction out, const HubOptions& options,
-                      HugePageBuffer& send_buffer, HugePageBuffer& recv_buffer, const Watch& watch);
+                      HostBuffer& send_buffer, HostBuffer& recv_buffer, const Watch& watch);
 
 // Peer `peer` (1-based), in a child forked before any loom::Context: listens, sends its handle,
 // takes the hub's, opens its link and exchanges, reports, waits for finish, closes. Returns
