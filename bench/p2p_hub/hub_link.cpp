@@ -274,8 +274,7 @@ void exchange(HubLink& link, unsigned peer, Direction out, std::size_t size,
 }
 
 void exchange_traffic(HubLink& link, unsigned peer, Direction out, const HubOptions& options,
-                      HostBuffer& send_buffer, HostBuffer& recv_buffer,
-                      const Watch& watch) {
+                      HostBuffer& send_buffer, HostBuffer& recv_buffer, const Watch& watch) {
   for (unsigned k = 0; k < options.eager; ++k) {
     const std::size_t size = std::min(options.size, std::size_t{8} << (k % 12));
     exchange(link, peer, out, size, send_buffer, recv_buffer, watch);

@@ -156,16 +156,15 @@ def print_machine(binaries):
           f"libfabric {libfabric_version()}, virtualization: {virtualization()}")
     mode = thp_mode()
     fabtests_pages = "huge pages" if mode == "always" else "small pages"
-    malloced = [b for b in binaries if page_args(b)]
     advised = [b for b in binaries if not page_args(b)]
-    if not malloced:
-        print(f"# transparent huge pages: {mode} (fabtests' buffers get {fabtests_pages}); "
-              "fi_p2p_bw's buffers are advised huge pages")
+    if len(advised) == len(binaries):
+        loom_pages = "fi_p2p_bw's buffers are advised huge pages"
     else:
-        print(f"# transparent huge pages: {mode} (fabtests' buffers get {fabtests_pages}); "
-              "fi_p2p_bw allocates as fabtests does (--host-pages malloc)" +
-              (f", but not {', '.join(advised)}, which lacks the option: its buffers are "
-               "advised huge pages" if advised else ""))
+        loom_pages = "fi_p2p_bw allocates as fabtests does (--host-pages malloc)" + (
+            f", but not {', '.join(advised)}, which lacks the option: its buffers are advised "
+            "huge pages" if advised else "")
+    print(f"# transparent huge pages: {mode} (fabtests' buffers get {fabtests_pages}); "
+          + loom_pages)
     probes = []
     for core in (0, 1):
         try:
