@@ -10,7 +10,8 @@
 // provider message, as a ping-pong of the provider's own does. A sender whose message cannot go
 // ahead (no credit, or larger than the eager size) asks (AskClearance) for the buffers of the
 // messages it holds; the receiver then announces those, and those posted later up to where the ask
-// reached.
+// reached. A message larger than the eager size meets such a buffer only where it does not fit:
+// its sender asks at its periodic check, not at once (ask_late).
 #include <algorithm>
 #include <array>
 #include <cassert>
@@ -369,24 +370,32 @@ bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {
 // after them, so a window of isends costs one ask, and none where credits or announcements came
 // first. Not at the first deferred run after a message began to wait: that runs before the
 // lane's queues are read, where its announcement (or credits) usually wait already; a message
-// still waiting at the next run asks.
+// still waiting at the next run asks. Only messages that may meet a quiet buffer make one
+// (asks_promptly); it covers the others waiting too.
 void SendCommImpl::ask_for_clearances() {
   if (closed_ || peer_gone()) return;
   if (!seq_before(asked_until_, next_seq_)) {  // every message posted is asked for: no scan
     ask_ = AskState::kNone;
+    ask_scope_ = AskScope::kWithinEagerSize;
     return;
   }
+  // From the oldest message waiting unasked, whether it asks promptly or not: the ask covers
+  // it, and asked_until_ says so.
   bool any = false;
   std::uint32_t from = next_seq_;
   for (const Request& r : requests_.in_use(RequestKind::kSend)) {
     const Part& part = r.parts[0];
     if (part.send != SendState::kAwaitingClearance || seq_before(part.seq, asked_until_)) continue;
-    if (!any || seq_before(part.seq, from)) from = part.seq;
-    any = true;
+    if (seq_before(part.seq, from)) from = part.seq;
+    any = any || asks_promptly(part);
   }
   if (!any || ask_ != AskState::kArmed) {
     ask_ = any ? AskState::kArmed : AskState::kNone;
-    if (any) defer();
+    if (any) {
+      defer();
+    } else if (ask_scope_ == AskScope::kEveryMessage) {
+      ask_scope_ = AskScope::kWithinEagerSize;  // none waits unasked (a late one is seen again)
+    }
     return;
   }
   const AskClearance ask{.from = from, .until = next_seq_};
@@ -400,10 +409,29 @@ void SendCommImpl::ask_for_clearances() {
   // A failed send broke the communicator off (its requests fail); a lost ask is asked again
   // by the pings of a sender still waiting (repeat_clearances).
   ask_ = AskState::kNone;
+  ask_scope_ = AskScope::kWithinEagerSize;
   if (status == Status::kOk) {
     asked_until_ = next_seq_;
     ++stats_.asks_sent;
   }
+}
+
+// From a waiting poll every kPollsPerLivenessCheck (Comm::poll): messages that wait without
+// asking promptly (above the receiver's eager size), still waiting at the next check, are asked
+// for then, at the deferred runs' pace, with every other waiting one.
+void SendCommImpl::ask_late() {
+  if (ask_scope_ == AskScope::kEveryMessage || !seq_before(asked_until_, next_seq_)) return;
+  std::uint32_t oldest = 0;
+  if (!awaiting_clearance(oldest)) {
+    ask_scope_ = AskScope::kWithinEagerSize;
+    return;
+  }
+  if (ask_scope_ == AskScope::kWithinEagerSize) {
+    ask_scope_ = AskScope::kLateSeen;
+    return;
+  }
+  ask_scope_ = AskScope::kEveryMessage;
+  defer();  // the deferred run finds whether one is unasked
 }
 
 // The message meets its buffer's announcement. A refusal sends no payload, only a

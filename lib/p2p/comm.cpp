@@ -427,8 +427,10 @@ Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled
   }
   if (!ready) {
     const bool periodic = (++liveness_polls_ & (kPollsPerLivenessCheck - 1)) == 0;
-    if (periodic) [[unlikely]]
+    if (periodic) [[unlikely]] {
       check_peer();
+      ask_late();
+    }
     lock.unlock();
     kick_other_lanes();
     // Without a progress thread (LOOM_PROGRESS_THREAD=0) the waiting polls run the registry's

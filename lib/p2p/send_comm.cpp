@@ -113,7 +113,8 @@ void SendCommImpl::advance(Request& r) {
       case SendState::kAwaitingClearance:
         send_ahead_waiting();  // a send ahead the provider pushed back
         // Still waiting: its buffer may be one the receiver announces only when asked.
-        if (part.send == SendState::kAwaitingClearance && !seq_before(part.seq, asked_until_)) {
+        if (part.send == SendState::kAwaitingClearance && asks_promptly(part) &&
+            !seq_before(part.seq, asked_until_)) {
           defer();
         }
         break;
