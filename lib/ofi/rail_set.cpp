@@ -117,8 +117,8 @@ std::size_t RailSet::progress(Awaiting awaiting) {
   std::size_t control = 0;
   for (std::size_t i = data_cqs_; i < cqs_.size(); ++i) control += cqs_[i]->progress();
   control_owed_ = control != 0;
-  busy_calls_ = 0;
-  quiet_skips_left_ = kQuietControlSkips;
+  skipped_calls_ = 0;
+  data_since_read_ = false;
   return handled + control;
 }
 
@@ -126,11 +126,12 @@ bool RailSet::control_due(bool found_data, Awaiting awaiting) noexcept {
   if (control_owed_) return true;
   // The caller's data first: on rxm a control read is a poll(), on the way of the reply the
   // data may let the caller send. The next call reads for it.
-  if (found_data) return ++busy_calls_ > kBusyControlSkips;
-  if (busy_calls_ != 0 || awaiting == Awaiting::kAnything) return true;
-  if (quiet_skips_left_ == 0) return true;
-  --quiet_skips_left_;
-  return false;
+  if (found_data) {
+    data_since_read_ = true;
+    return ++skipped_calls_ > kBusyControlSkips;
+  }
+  if (data_since_read_ || awaiting == Awaiting::kAnything) return true;
+  return ++skipped_calls_ > kQuietControlSkips;
 }
 
 void RailSet::set_remote_write_handler(RemoteWriteHandler* handler) noexcept {

@@ -64,11 +64,11 @@ class RailSet {
   // every call (docs/performance.md), nor a test() waiting for an eager message: it delays the
   // message by half a turn of the waiting loop, which reading both CQs made twice as long.
   // A call that found data returns it to its caller first (a reply waits on it) and leaves
-  // the control CQs to the next call, which reads them; kBusyControlSkips such calls in a row,
-  // and the next reads them itself. A call that found nothing reads them, unless it awaits
-  // kData, which skips kQuietControlSkips times after a read. A read that finds something makes
-  // the next call read again. A control message therefore waits at most kBusyControlSkips
-  // calls.
+  // the control CQs to the next call, which reads them; kBusyControlSkips calls since the last
+  // read, and the next reads them itself. A call that found nothing reads them, unless it awaits
+  // kData, which skips while no call since the last read found data, kQuietControlSkips calls at
+  // most. A read that finds something makes the next call read again. A control message
+  // therefore waits at most kBusyControlSkips calls, whatever the mix.
   std::size_t progress(Awaiting awaiting = Awaiting::kAnything);
   static constexpr unsigned kBusyControlSkips = 8;
   static constexpr unsigned kQuietControlSkips = 3;
@@ -84,12 +84,12 @@ class RailSet {
   std::size_t max_msg_size_ = SIZE_MAX;
   std::size_t data_cqs_ = 0;  // cqs_[0, data_cqs_) serve data rails, the rest control rails
   // progress()'s control reads: whether the next call must read (the last read found
-  // something, or the caller asked), calls that found data since the last read, and idle calls
-  // awaiting kData left to skip.
+  // something, or the caller asked), the calls that skipped it since the last read, and
+  // whether one of them found data.
   [[nodiscard]] bool control_due(bool found_data, Awaiting awaiting) noexcept;
   bool control_owed_ = true;
-  unsigned busy_calls_ = 0;
-  unsigned quiet_skips_left_ = 0;
+  unsigned skipped_calls_ = 0;
+  bool data_since_read_ = false;
   std::uint64_t control_reads_ = 0;
   // Declaration order is teardown order, reversed: MR cache, rails (endpoints), CQs; without
   // FI_MR_ENDPOINT the destructor closes the rails before the MR cache.

@@ -1,5 +1,6 @@
 // Rail layer across two processes: tagged send/recv on every rail, RMA write with remote CQ data
 // on every data rail, flush reads, and keys used after deregistration.
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -349,7 +350,7 @@ TEST_CASE("rail set leaves the control CQ of a call that found data to the next 
   ofi::Rail& data = set.data(0);
   const ofi::Address self = data.insert_peer(data.address());
   constexpr std::size_t kMessage = 64;
-  constexpr std::size_t kMessages = ofi::RailSet::kBusyControlSkips + 2;
+  constexpr std::size_t kMessages = 2 * ofi::RailSet::kBusyControlSkips + 2;
   std::vector<std::byte> inbox(kMessages * kMessage), outbox(kMessages * kMessage);
   for (std::size_t k = 0; k < kMessages; ++k)
     fill_pattern({outbox.data() + k * kMessage, kMessage}, 23 + k);
@@ -404,13 +405,55 @@ TEST_CASE("rail set leaves the control CQ of a call that found data to the next 
     reads += read;
   }
   CHECK(reads == 1);
-  for (auto& t : sent) {
-    if (t->completions == 0) {
-      poll_until([&] { return t->completions == 1; }, [&] { set.progress(); },
-                 "a send's completion");
+  auto sends_complete = [&] {
+    for (auto& t : sent) {
+      if (t->completions == 0) {
+        poll_until([&] { return t->completions == 1; }, [&] { set.progress(); },
+                   "a send's completion");
+      }
+      CHECK(t->last.status == Status::kOk);
     }
-    CHECK(t->last.status == Status::kOk);
+  };
+  sends_complete();
+
+  // Quiet skips and data skips share the bound: after a read, idle calls awaiting data leave
+  // the control CQ kQuietControlSkips times, and calls that find data next leave it only until
+  // kBusyControlSkips calls in all have (not kBusyControlSkips more).
+  set.read_control_next();
+  REQUIRE(set.progress(Awaiting::kData) == 0);
+  std::size_t skipped = 0;
+  std::size_t longest = 0;
+  auto step = [&](Awaiting awaiting) {
+    const std::uint64_t before = set.control_reads();
+    const std::size_t handled = set.progress(awaiting);
+    skipped = set.control_reads() == before ? skipped + 1 : 0;
+    longest = std::max(longest, skipped);
+    return handled;
+  };
+  for (std::size_t i = 0; i < ofi::RailSet::kQuietControlSkips; ++i) {
+    REQUIRE(step(Awaiting::kData) == 0);
   }
+  REQUIRE(skipped == ofi::RailSet::kQuietControlSkips);
+  for (std::size_t k = ofi::RailSet::kBusyControlSkips + 2; k < kMessages; ++k) {
+    received.push_back(std::make_unique<Tracker>());
+    sent.push_back(std::make_unique<Tracker>());
+    std::byte* at = inbox.data() + k * kMessage;
+    REQUIRE(data.tagged_recv(at, kMessage, inbox_mr.desc(data.index()), k, 0,
+                             &received.back()->op) == Status::kOk);
+    post(
+        set, data,
+        [&] {
+          return data.tagged_send(self, outbox.data() + k * kMessage, kMessage,
+                                  outbox_mr.desc(data.index()), k, 0, &sent.back()->op);
+        },
+        "tagged send to self");
+    poll_until([&] { return received.back()->completions == 1; }, [&] { step(Awaiting::kData); },
+               "a data message to self");
+    CHECK(check_pattern({at, kMessage}, 23 + k).empty());
+  }
+  INFO("calls in a row that left the control CQ unread");
+  CHECK(longest <= ofi::RailSet::kBusyControlSkips);
+  sends_complete();
   set.registration_table().release(inbox_mr);
   set.registration_table().release(outbox_mr);
 }
