@@ -31,12 +31,6 @@ namespace loom::p2p {
 
 // ---- sender ----
 
-// Whether a message may use a credit: up to the receiver's eager size (0 until its first
-// grant) and our own eager limit (eager_max_: never above the provider's max_msg_size).
-bool SendCommImpl::eager_fits(std::size_t size) const noexcept {
-  return size <= eager_size_ && size <= eager_max_;
-}
-
 // An inject leaves no completion to generate and read: on shm that is a CQ write less under
 // the receiver's queue lock, which both processes take for every message. Eager sends inject
 // what fits, from host memory; writes too where the provider's profile says so (post_stripes).
@@ -94,19 +88,24 @@ void SendCommImpl::post_eager(Request& r) {
   }
 }
 
-bool SendCommImpl::inject_first(const void* data, std::size_t size, Tag tag,
-                                const ofi::MemoryRegistration* registration, std::uint32_t seq) {
+SendCommImpl::Outgoing* SendCommImpl::inject_first(const void* data, std::size_t size, Tag tag,
+                                                   const ofi::MemoryRegistration* registration,
+                                                   std::uint32_t seq) {
   // post_eager's inject of a message sent ahead, decided from the same facts; a request must
   // be free for it, as isend refuses a message it has none for.
   assert(!carry_control_ && min_carrier_ == 0);  // isend's check: no carrier rides along
   if (ahead_next_ != seq || credits_ == 0 || !eager_fits(size) || !injects(size, registration) ||
       !requests_.can_take() || group_known(seq)) {
-    return false;
+    return nullptr;
   }
+  // Its entry before it leaves: claiming may grow the ring (an allocation), which must not fail
+  // a message already sent.
+  Outgoing& outgoing = claim_outgoing(seq);
   const std::uint64_t wire_tag =
       mux::encode_tag({mux::TagKind::kEager, peer_id_, seq, false, false});
-  return lane_->rails().data(0).tagged_inject(peer_data_[0], data, size, wire_tag, tag) ==
-         Status::kOk;
+  const Status status =
+      lane_->rails().data(0).tagged_inject(peer_data_[0], data, size, wire_tag, tag);
+  return status == Status::kOk ? &outgoing : nullptr;
 }
 
 void SendCommImpl::note_sent_ahead(const Part& part) {

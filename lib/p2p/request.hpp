@@ -9,6 +9,7 @@
 #include <cassert>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -233,6 +234,8 @@ class InUse {
 class RequestPool {
  public:
   RequestPool(Comm* owner, std::size_t capacity) : owner_(owner), capacity_(capacity) {
+    // Request::index is a byte.
+    assert(capacity <= std::size_t{std::numeric_limits<decltype(Request::index)>::max()} + 1);
     requests_.reserve(capacity);
     free_.reserve(capacity);
   }

@@ -50,13 +50,15 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
     return refuse_size(size);
   // The common small send leaves first and is recorded after: its request's bookkeeping is
   // not on the way of a reply. Not where a carrier may ride along (tcp;ofi_rxm's default).
-  const bool left = !carry_control_ && min_carrier_ == 0 &&
-                    inject_first(data, size, tag, registration, next_seq_);
+  Outgoing* const sent_first = carry_control_ || min_carrier_ != 0
+                                   ? nullptr
+                                   : inject_first(data, size, tag, registration, next_seq_);
+  const bool left = sent_first != nullptr;
   // A clearance that came carried on the peer's last message waits in our inbox (our receiving
   // lane put it there). A message that cannot go ahead on a credit needs it now; one that can
   // leaves at once and meets its clearance at the next progress. Before this message has a
   // sequence number: what the inbox holds settles only messages posted before it.
-  if (credits_ == 0 || size > eager_size_ || size > eager_max_) lane_->drain_inbox();
+  if (credits_ == 0 || !eager_fits(size)) lane_->drain_inbox();
   Request* r = allocate(RequestKind::kSend);
   if (r == nullptr) [[unlikely]]
     return refuse_full("isend");
@@ -71,7 +73,8 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
               .seq = seq,
               .peer_seq = seq};
   if (registration != nullptr) hold_region(part, region);
-  claim_outgoing(seq).send = r;
+  // The entry inject_first claimed is where it was: nothing since claims another.
+  (left ? *sent_first : claim_outgoing(seq)).send = r;
   if (left) {
     note_sent_ahead(part);
     part.delivered = size;

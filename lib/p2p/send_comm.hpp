@@ -93,16 +93,20 @@ class SendCommImpl final : public Comm {
   }
   void ask_late() override;
   // eager.cpp
-  [[nodiscard]] bool eager_fits(std::size_t size) const noexcept;
+  // Whether a message may use a credit: up to the receiver's eager size (0 until its first
+  // grant) and our own eager limit (eager_max_: never above the provider's max_msg_size).
+  [[nodiscard]] bool eager_fits(std::size_t size) const noexcept {
+    return size <= eager_size_ && size <= eager_max_;
+  }
   [[nodiscard]] bool injects(std::size_t size,
                              const ofi::MemoryRegistration* registration) const noexcept;
   void post_eager(Request& request);
   // Message `seq` leaves now, before its request is built, where post_eager would inject it
   // bare at once: next in line, on a credit, from host memory (the caller checked that no
-  // carrier rides along). false: it did not leave (another case, or the provider refused), and
-  // isend posts it the general way.
-  bool inject_first(const void* data, std::size_t size, Tag tag,
-                    const ofi::MemoryRegistration* registration, std::uint32_t seq);
+  // carrier rides along). Its entry in outgoing_, claimed before it left; nullptr: it did not
+  // leave (another case, or the provider refused), and isend posts it the general way.
+  Outgoing* inject_first(const void* data, std::size_t size, Tag tag,
+                         const ofi::MemoryRegistration* registration, std::uint32_t seq);
   // What a message sent ahead on a credit leaves behind once it is out.
   void note_sent_ahead(const Part& part);
   // The carrier built for an inject: its length (0: none) and whether it holds the control
