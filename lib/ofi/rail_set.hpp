@@ -72,6 +72,7 @@ class RailSet {
   std::size_t progress(Awaiting awaiting = Awaiting::kAnything);
   static constexpr unsigned kBusyControlSkips = 8;
   static constexpr unsigned kQuietControlSkips = 3;
+  static_assert(kQuietControlSkips <= kBusyControlSkips, "the bound is kBusyControlSkips");
   // How many progress() calls read the control CQs.
   [[nodiscard]] std::uint64_t control_reads() const noexcept { return control_reads_; }
   // The next progress() reads the control CQs whatever came on the data rails.

@@ -11,7 +11,8 @@
 // ahead (no credit, or larger than the eager size) asks (AskClearance) for the buffers of the
 // messages it holds; the receiver then announces those, and those posted later up to where the ask
 // reached. A message larger than the eager size meets such a buffer only where it does not fit:
-// its sender asks at its periodic check, not at once (ask_late).
+// its sender asks at its periodic check, not at once, and its receiver announces a buffer left
+// quiet across two of its own (settle_late_clearances): whichever end waits settles it.
 #include <algorithm>
 #include <array>
 #include <cassert>
@@ -96,6 +97,29 @@ void RecvCommImpl::announce_quiet(std::uint32_t from, std::uint32_t until) {
     r->parts[ref.part].to(RecvState::kToAnnounce);
     announce(*r);
   }
+}
+
+// Parts quiet for kQuietPatience are announced as if their sender asked: their messages did not
+// come ahead, and a sender that cannot send one ahead asks only when its own application polls
+// it, if the message is above the eager size (SendCommImpl's settle_late_clearances). A receiver
+// waiting on such a buffer so settles it itself.
+void RecvCommImpl::settle_late_clearances() {
+  if (quiet_parts_ == 0 || closed_ || peer_gone()) {
+    late_quiet_ = LateQuiet::kNone;
+    return;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (late_quiet_ == LateQuiet::kNone) {
+    late_quiet_ = LateQuiet::kSeen;
+    quiet_seen_until_ = next_seq_;
+    quiet_seen_at_ = now;
+    return;
+  }
+  if (now - quiet_seen_at_ < kQuietPatience) return;
+  // Those posted before the check that saw them, and quiet since.
+  announce_quiet(next_seq_ - static_cast<std::uint32_t>(kSeqWindow), quiet_seen_until_);
+  send_control_batch();
+  late_quiet_ = LateQuiet::kNone;
 }
 
 // Sends the batch as a control message of its own: entries at once, since a sender may be
@@ -416,18 +440,19 @@ void SendCommImpl::ask_for_clearances() {
   }
 }
 
-// From a waiting poll every kPollsPerLivenessCheck (Comm::poll): messages that wait without
-// asking promptly (above the receiver's eager size), still waiting at the next check, are asked
-// for then, at the deferred runs' pace, with every other waiting one.
-void SendCommImpl::ask_late() {
-  if (ask_scope_ == AskScope::kEveryMessage || !seq_before(asked_until_, next_seq_)) return;
+// A message that waits without asking promptly (above the receiver's eager size), still the
+// oldest waiting at the next check, is asked for then, at the deferred runs' pace, with every
+// other waiting one.
+void SendCommImpl::settle_late_clearances() {
+  if (ask_scope_ == AskScope::kEveryMessage) return;
   std::uint32_t oldest = 0;
-  if (!awaiting_clearance(oldest)) {
+  if (!seq_before(asked_until_, next_seq_) || !awaiting_clearance(oldest)) {
     ask_scope_ = AskScope::kWithinEagerSize;
     return;
   }
-  if (ask_scope_ == AskScope::kWithinEagerSize) {
+  if (ask_scope_ == AskScope::kWithinEagerSize || oldest != late_seq_) {
     ask_scope_ = AskScope::kLateSeen;
+    late_seq_ = oldest;
     return;
   }
   ask_scope_ = AskScope::kEveryMessage;

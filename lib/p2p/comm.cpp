@@ -429,7 +429,7 @@ Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled
     const bool periodic = (++liveness_polls_ & (kPollsPerLivenessCheck - 1)) == 0;
     if (periodic) [[unlikely]] {
       check_peer();
-      ask_late();
+      settle_late_clearances();
     }
     lock.unlock();
     kick_other_lanes();

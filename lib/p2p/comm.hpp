@@ -352,9 +352,10 @@ class Comm : public mux::CommPort {
   virtual bool awaiting_clearance(std::uint32_t& /*oldest*/) const noexcept { return false; }
   // A receiver: the peer's ping says its messages from `from` on wait for their clearances.
   virtual void repeat_clearances(std::uint32_t /*from*/) {}
-  // A sender's periodic look at messages waiting for a clearance it did not ask for at once
-  // (SendCommImpl::ask_late).
-  virtual void ask_late() {}
+  // Every kPollsPerLivenessCheck waiting polls: what waits for a clearance across two of them is
+  // settled by whichever end polls. A sender asks for messages it did not ask for at once
+  // (SendCommImpl), a receiver announces buffers it left quiet (RecvCommImpl).
+  virtual void settle_late_clearances() {}
   // While requests wait on the peer: pings it every LOOM_PEER_TIMEOUT_MS / 4 and declares it
   // lost when nothing came back for LOOM_PEER_TIMEOUT_MS (or a ping cannot be sent).
   void check_peer();

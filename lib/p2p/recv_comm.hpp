@@ -95,6 +95,7 @@ class RecvCommImpl final : public Comm {
   void on_ask_clearance(std::span<const std::byte> body);
   // Announces the quiet parts posted with [from, until).
   void announce_quiet(std::uint32_t from, std::uint32_t until);
+  void settle_late_clearances() override;
   // eager.cpp: a message sent ahead, in one of the lane's pool buffers until its irecv.
   struct Held {
     std::uint32_t buffer = 0;
@@ -156,6 +157,15 @@ class RecvCommImpl final : public Comm {
   std::size_t credits_out_ = 0;
   std::size_t credits_to_grant_ = 0;
   std::size_t quiet_parts_ = 0;  // in kQuiet: at most credits_out_ (may_stay_quiet)
+  // settle_late_clearances: kSeen, a periodic check found quiet parts at quiet_seen_at_, all
+  // posted before quiet_seen_until_.
+  enum class LateQuiet : std::uint8_t { kNone, kSeen };
+  LateQuiet late_quiet_ = LateQuiet::kNone;
+  std::uint32_t quiet_seen_until_ = 0;
+  std::chrono::steady_clock::time_point quiet_seen_at_;
+  // How long a buffer stays quiet before its receiver announces it unasked: far longer than a
+  // sender that can send ahead takes (a ping-pong's buffers wait a round each).
+  static constexpr std::chrono::milliseconds kQuietPatience{100};
   std::vector<Held> held_;
   // What closing waits for (writes_may_arrive). kNone: no write can come. kAwaitingCount: the
   // sender was told of a buffer this side did not finish, and has not said yet how many writes

@@ -86,12 +86,13 @@ class SendCommImpl final : public Comm {
   // Whether a message waiting for its clearance is asked for as soon as it waits. The receiver
   // leaves only buffers within its eager size quiet (may_stay_quiet), and announces the others
   // when they are posted: a larger message meets a quiet buffer only where it does not fit, a
-  // refusal the periodic check asks for (ask_late). An ask the receiver did not need costs a
+  // refusal the periodic check asks for (settle_late_clearances). An ask the receiver did not
+  // need costs a
   // stream of rendezvous sends on tcp;ofi_rxm a quarter of its bandwidth.
   [[nodiscard]] bool asks_promptly(const Part& part) const noexcept {
     return eager_size_ == 0 || part.size <= eager_size_ || ask_scope_ == AskScope::kEveryMessage;
   }
-  void ask_late() override;
+  void settle_late_clearances() override;
   // eager.cpp
   // Whether a message may use a credit: up to the receiver's eager size (0 until its first
   // grant) and our own eager limit (eager_max_: never above the provider's max_msg_size).
@@ -145,10 +146,11 @@ class SendCommImpl final : public Comm {
   enum class AskState : std::uint8_t { kNone, kArmed };
   AskState ask_ = AskState::kNone;
   // The messages whose waiting makes an ask (asks_promptly): those within the receiver's eager
-  // size; every one from the second periodic check in a row that found one waiting (the first
-  // leaves kLateSeen) until the next ask.
+  // size; every one from the second periodic check in a row that found the same message
+  // waiting (late_seq_; the first leaves kLateSeen) until the next ask.
   enum class AskScope : std::uint8_t { kWithinEagerSize, kLateSeen, kEveryMessage };
   AskScope ask_scope_ = AskScope::kWithinEagerSize;
+  std::uint32_t late_seq_ = 0;
   std::uint32_t writes_posted_ = 0;  // every write posted (the close notice says it)
   ReadyToSend batch_;                // ready-to-sends not sent yet
   std::vector<Request*> batched_;    // the requests they belong to
