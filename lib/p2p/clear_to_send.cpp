@@ -441,12 +441,19 @@ void SendCommImpl::ask_for_clearances() {
 }
 
 // A message that waits without asking promptly (above the receiver's eager size), still the
-// oldest waiting at the next check, is asked for then, at the deferred runs' pace, with every
-// other waiting one.
+// oldest waiting unasked at the next check, is asked for then, at the deferred runs' pace, with
+// every other waiting one.
 void SendCommImpl::settle_late_clearances() {
   if (ask_scope_ == AskScope::kEveryMessage) return;
-  std::uint32_t oldest = 0;
-  if (!seq_before(asked_until_, next_seq_) || !awaiting_clearance(oldest)) {
+  bool any = false;
+  std::uint32_t oldest = next_seq_;
+  for (const Request& r : requests_.in_use(RequestKind::kSend)) {
+    const Part& part = r.parts[0];
+    if (part.send != SendState::kAwaitingClearance || seq_before(part.seq, asked_until_)) continue;
+    if (seq_before(part.seq, oldest)) oldest = part.seq;
+    any = true;
+  }
+  if (!any) {
     ask_scope_ = AskScope::kWithinEagerSize;
     return;
   }

@@ -144,6 +144,8 @@ TEST_CASE("p2p a sender that cannot send ahead asks for the announcements of qui
       receives.push_back(request);
     }
     channel.send_value(1);
+    // Polled once the sends are posted: their asks come long before a late announcement.
+    require(channel.recv_value<int>() == 2, "sender out of step");
     for (std::size_t k = 1; k <= kMessages; ++k) {
       require(finish(*in, receives[k - 1]) == size_of(k), "message " + std::to_string(k));
       const std::string wrong = check_pattern({slab.data() + k * kSlot, size_of(k)}, 500 + k);
@@ -171,6 +173,7 @@ TEST_CASE("p2p a sender that cannot send ahead asks for the announcements of qui
               out->last_error());
       sends.push_back(request);
     }
+    channel.send_value(2);
     for (const Request& send : sends) finish(*out, send);
     const CommStats after = out->stats();
     require(after.asks_sent > before.asks_sent, "no ask for the quiet buffers");
@@ -204,6 +207,9 @@ TEST_CASE("p2p the receiver alone judges a message sent ahead", "[quiet]") {
     RecvBuffer too_small{small, 100, 7, region};
     require(post_into(in->irecv({&too_small, 1}), request) == Status::kOk, in->last_error());
     channel.send_value(1);
+    // Not polled before the message is out: a buffer quiet for 100 ms under a polling receiver
+    // is announced (RecvCommImpl::settle_late_clearances), and the sender would judge it.
+    require(channel.recv_value<int>() == 2, "sender out of step");
     finish(*in, request, Status::kTruncated);
     require(in->last_error().find("100") != std::string::npos,
             "the truncation does not name the buffer's size: " + in->last_error());
@@ -230,6 +236,7 @@ TEST_CASE("p2p the receiver alone judges a message sent ahead", "[quiet]") {
     require(post_into(out->isend(slab.data(), 3000, 7, region), request) == Status::kOk,
             out->last_error());
     require(out->stats().eager == eager + 1, "the message did not go ahead on a credit");
+    channel.send_value(2);
     finish(*out, request);  // done once it left
     fill_pattern({slab.data(), 2000}, 808);
     require(post_into(out->isend(slab.data(), 2000, 8, region), request) == Status::kOk,
@@ -335,10 +342,17 @@ TEST_CASE("p2p a quiet buffer its sender does not ask for is announced by its wa
     receive_first(*in, slab.data(), region);
     Request request;
     RecvBuffer quiet{slab.data(), 100, 4, region};
+    const std::uint64_t announced = in->stats().cts_sent;
     require(post_into(in->irecv({&quiet, 1}), request) == Status::kOk, in->last_error());
+    for (int k = 0; k < 8; ++k) {  // lane progresses: a buffer not quiet is announced in them
+      bool done = false;
+      require(test_once(*in, request, done) == Status::kOk && !done, "the receive finished early");
+    }
+    require(in->stats().cts_sent == announced, "the buffer was announced: it is not quiet");
     channel.send_value(1);
     require(channel.recv_value<int>() == 2, "sender out of step");
     finish(*in, request, Status::kTruncated, 20s);
+    require(in->stats().cts_sent > announced, "no announcement of the quiet buffer");
     for (std::size_t b = 0; b < kSlot; ++b) {
       require(slab[b] == std::byte{0}, "the refused message wrote into its buffer");
     }
@@ -357,11 +371,13 @@ TEST_CASE("p2p a quiet buffer its sender does not ask for is announced by its wa
     require(channel.recv_value<int>() == 1, "receiver out of step");
     fill_pattern(slab, 505);
     Request request;
+    const std::uint64_t asks = out->stats().asks_sent;
     require(post_into(out->isend(slab.data(), kLarge, 4, region), request) == Status::kOk,
             out->last_error());
     channel.send_value(2);
     require(channel.recv_value<int>() == 3, "receiver out of step");
     finish(*out, request, Status::kTruncated);
+    require(out->stats().asks_sent == asks, "the sender asked: the receiver did not settle it");
     channel.barrier();
   };
   const std::string failure = run_pair(receiver, sender);
