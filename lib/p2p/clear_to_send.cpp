@@ -390,6 +390,18 @@ bool SendCommImpl::awaiting_clearance(std::uint32_t& oldest) const noexcept {
   return any;
 }
 
+SendCommImpl::Unasked SendCommImpl::unasked_waiting() const noexcept {
+  Unasked waiting{.oldest = next_seq_};
+  for (const Request& r : requests_.in_use(RequestKind::kSend)) {
+    const Part& part = r.parts[0];
+    if (part.send != SendState::kAwaitingClearance || seq_before(part.seq, asked_until_)) continue;
+    if (seq_before(part.seq, waiting.oldest)) waiting.oldest = part.seq;
+    waiting.any = true;
+    waiting.prompt = waiting.prompt || asks_promptly(part);
+  }
+  return waiting;
+}
+
 // One ask covers every message posted so far that waits: those posted later are asked for
 // after them, so a window of isends costs one ask, and none where credits or announcements came
 // first. Not at the first deferred run after a message began to wait: that runs before the
@@ -405,14 +417,9 @@ void SendCommImpl::ask_for_clearances() {
   }
   // From the oldest message waiting unasked, whether it asks promptly or not: the ask covers
   // it, and asked_until_ says so.
-  bool any = false;
-  std::uint32_t from = next_seq_;
-  for (const Request& r : requests_.in_use(RequestKind::kSend)) {
-    const Part& part = r.parts[0];
-    if (part.send != SendState::kAwaitingClearance || seq_before(part.seq, asked_until_)) continue;
-    if (seq_before(part.seq, from)) from = part.seq;
-    any = any || asks_promptly(part);
-  }
+  const Unasked waiting = unasked_waiting();
+  const bool any = waiting.prompt;
+  const std::uint32_t from = waiting.oldest;
   if (!any || ask_ != AskState::kArmed) {
     ask_ = any ? AskState::kArmed : AskState::kNone;
     if (any) {
@@ -445,21 +452,14 @@ void SendCommImpl::ask_for_clearances() {
 // every other waiting one.
 void SendCommImpl::settle_late_clearances() {
   if (ask_scope_ == AskScope::kEveryMessage) return;
-  bool any = false;
-  std::uint32_t oldest = next_seq_;
-  for (const Request& r : requests_.in_use(RequestKind::kSend)) {
-    const Part& part = r.parts[0];
-    if (part.send != SendState::kAwaitingClearance || seq_before(part.seq, asked_until_)) continue;
-    if (seq_before(part.seq, oldest)) oldest = part.seq;
-    any = true;
-  }
-  if (!any) {
+  const Unasked waiting = unasked_waiting();
+  if (!waiting.any) {
     ask_scope_ = AskScope::kWithinEagerSize;
     return;
   }
-  if (ask_scope_ == AskScope::kWithinEagerSize || oldest != late_seq_) {
+  if (ask_scope_ == AskScope::kWithinEagerSize || waiting.oldest != late_seq_) {
     ask_scope_ = AskScope::kLateSeen;
-    late_seq_ = oldest;
+    late_seq_ = waiting.oldest;
     return;
   }
   ask_scope_ = AskScope::kEveryMessage;

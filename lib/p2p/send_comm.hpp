@@ -93,6 +93,14 @@ class SendCommImpl final : public Comm {
     return eager_size_ == 0 || part.size <= eager_size_ || ask_scope_ == AskScope::kEveryMessage;
   }
   void settle_late_clearances() override;
+  // The messages waiting for their clearance that no ask covers yet: the oldest of them
+  // (next_seq_ when none), whether there is one, and whether one asks promptly.
+  struct Unasked {
+    std::uint32_t oldest = 0;
+    bool any = false;
+    bool prompt = false;
+  };
+  [[nodiscard]] Unasked unasked_waiting() const noexcept;
   // eager.cpp
   // Whether a message may use a credit: up to the receiver's eager size (0 until its first
   // grant) and our own eager limit (eager_max_: never above the provider's max_msg_size).
