@@ -11,8 +11,8 @@
 // ahead (no credit, or larger than the eager size) asks (AskClearance) for the buffers of the
 // messages it holds; the receiver then announces those, and those posted later up to where the ask
 // reached. A message larger than the eager size meets such a buffer only where it does not fit:
-// its sender asks at its periodic check, not at once, and its receiver announces a buffer left
-// quiet across two of its own (settle_late_clearances): whichever end waits settles it.
+// its sender asks at its periodic check, not at once, and a receiver waiting on a buffer left
+// quiet for kQuietPatience announces it (settle_late_clearances): whichever end waits settles it.
 #include <algorithm>
 #include <array>
 #include <cassert>

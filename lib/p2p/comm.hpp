@@ -352,9 +352,10 @@ class Comm : public mux::CommPort {
   virtual bool awaiting_clearance(std::uint32_t& /*oldest*/) const noexcept { return false; }
   // A receiver: the peer's ping says its messages from `from` on wait for their clearances.
   virtual void repeat_clearances(std::uint32_t /*from*/) {}
-  // Every kPollsPerLivenessCheck waiting polls: what waits for a clearance across two of them is
-  // settled by whichever end polls. A sender asks for messages it did not ask for at once
-  // (SendCommImpl), a receiver announces buffers it left quiet (RecvCommImpl).
+  // Every kPollsPerLivenessCheck waiting polls: what waits long for a clearance is settled by
+  // whichever end polls. A sender asks for a message it did not ask for at once, still waiting
+  // at two checks (SendCommImpl); a receiver announces buffers quiet for kQuietPatience
+  // (RecvCommImpl).
   virtual void settle_late_clearances() {}
   // While requests wait on the peer: pings it every LOOM_PEER_TIMEOUT_MS / 4 and declares it
   // lost when nothing came back for LOOM_PEER_TIMEOUT_MS (or a ping cannot be sent).

@@ -32,6 +32,13 @@ void receive_first(RecvComm& in, std::byte* data, const MemoryRegion& region) {
   require(finish(in, request) == 64, "first message");
 }
 
+// A refused message's buffer (and the slot it sits in) holds none of its bytes.
+void require_untouched(std::span<const std::byte> slot) {
+  for (const std::byte b : slot) {
+    require(b == std::byte{0}, "the refused message wrote into its buffer");
+  }
+}
+
 // One side of a ping-pong of `size`-byte messages over `rounds` rounds: `starts` sends first.
 // Each message has its own pattern, checked on arrival. Returns the receiving communicator's
 // stats and the sending one's.
@@ -213,9 +220,7 @@ TEST_CASE("p2p the receiver alone judges a message sent ahead", "[quiet]") {
     finish(*in, request, Status::kTruncated);
     require(in->last_error().find("100") != std::string::npos,
             "the truncation does not name the buffer's size: " + in->last_error());
-    for (std::size_t b = 0; b < kSlot; ++b) {
-      require(small[b] == std::byte{0}, "the refused message wrote into its buffer");
-    }
+    require_untouched({small, kSlot});
     RecvBuffer next{small, kSlot, 8, region};
     require(post_into(in->irecv({&next, 1}), request) == Status::kOk, in->last_error());
     require(finish(*in, request) == 2000, "the message after the refused one");
@@ -280,9 +285,7 @@ TEST_CASE("p2p a message above the eager size waits for its buffer without askin
     channel.send_value(2);
     require(channel.recv_value<int>() == 3, "sender out of step");
     finish(*in, request, Status::kTruncated);
-    for (std::size_t b = 0; b < kSlot; ++b) {
-      require(small[b] == std::byte{0}, "the refused message wrote into its buffer");
-    }
+    require_untouched({small, kSlot});
     channel.barrier();
   };
   auto sender = [&](Channel& channel) {
@@ -353,9 +356,7 @@ TEST_CASE("p2p a quiet buffer its sender does not ask for is announced by its wa
     require(channel.recv_value<int>() == 2, "sender out of step");
     finish(*in, request, Status::kTruncated, 20s);
     require(in->stats().cts_sent > announced, "no announcement of the quiet buffer");
-    for (std::size_t b = 0; b < kSlot; ++b) {
-      require(slab[b] == std::byte{0}, "the refused message wrote into its buffer");
-    }
+    require_untouched({slab.data(), kSlot});
     channel.send_value(3);
     channel.barrier();
   };
