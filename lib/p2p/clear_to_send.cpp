@@ -404,10 +404,13 @@ SendCommImpl::Unasked SendCommImpl::unasked_waiting() const noexcept {
 
 // One ask covers every message posted so far that waits: those posted later are asked for
 // after them, so a window of isends costs one ask, and none where credits or announcements came
-// first. Not at the first deferred run after a message began to wait: that runs before the
-// lane's queues are read, where its announcement (or credits) usually wait already; a message
-// still waiting at the next run asks. Only messages that may meet a quiet buffer make one
-// (asks_promptly); it covers the others waiting too.
+// first. Not at the deferred run that finds a message waiting: that runs before the lane's
+// queues are read, where its announcement (or credits) usually wait already. The oldest waiting
+// then (armed_seq_) asks at a later run if it still waits and the control queues were read since
+// (a lane that found data skips its control read: a sender whose sends all finish at once reads
+// its grants only when it ran out of credits). A run that finds another one oldest starts over
+// with it: the arming was for a wait that ended. Only messages that may meet a quiet buffer make
+// one (asks_promptly); it covers the others waiting too.
 void SendCommImpl::ask_for_clearances() {
   if (closed_ || peer_gone()) return;
   if (!seq_before(asked_until_, next_seq_)) {  // every message posted is asked for: no scan
@@ -418,17 +421,25 @@ void SendCommImpl::ask_for_clearances() {
   // From the oldest message waiting unasked, whether it asks promptly or not: the ask covers
   // it, and asked_until_ says so.
   const Unasked waiting = unasked_waiting();
-  const bool any = waiting.prompt;
-  const std::uint32_t from = waiting.oldest;
-  if (!any || ask_ != AskState::kArmed) {
-    ask_ = any ? AskState::kArmed : AskState::kNone;
-    if (any) {
-      defer();
-    } else if (ask_scope_ == AskScope::kEveryMessage) {
+  if (!waiting.prompt) {
+    ask_ = AskState::kNone;
+    if (ask_scope_ == AskScope::kEveryMessage) {
       ask_scope_ = AskScope::kWithinEagerSize;  // none waits unasked (a late one is seen again)
     }
     return;
   }
+  ofi::RailSet& rails = lane_->rails();
+  if (ask_ != AskState::kArmed || armed_seq_ != waiting.oldest) {
+    ask_ = AskState::kArmed;
+    armed_seq_ = waiting.oldest;
+    armed_reads_ = rails.control_reads();
+  }
+  if (rails.control_reads() == armed_reads_) {
+    rails.read_control_next();
+    defer();
+    return;
+  }
+  const std::uint32_t from = waiting.oldest;
   const AskClearance ask{.from = from, .until = next_seq_};
   std::byte body[kAskClearanceBytes];
   const std::size_t length = encode_ask_clearance(ask, body);

@@ -150,9 +150,12 @@ class SendCommImpl final : public Comm {
   // Below this sequence number no entry is used any more (see in_flight_floor).
   std::uint32_t floor_ = 0u - static_cast<std::uint32_t>(kMaxParts - 1);
   std::uint32_t asked_until_ = 0;  // messages before it are covered by an AskClearance sent
-  // kArmed: a message waits unasked since the last deferred run; the next one asks.
+  // kArmed: armed_seq_ was the oldest message waiting unasked at a deferred run, when the lane
+  // had read its control queues armed_reads_ times (ask_for_clearances).
   enum class AskState : std::uint8_t { kNone, kArmed };
   AskState ask_ = AskState::kNone;
+  std::uint32_t armed_seq_ = 0;
+  std::uint64_t armed_reads_ = 0;
   // The messages whose waiting makes an ask (asks_promptly): those within the receiver's eager
   // size; every one from the second periodic check in a row that found the same message
   // waiting (late_seq_; the first leaves kLateSeen) until the next ask.
