@@ -99,6 +99,28 @@ void RecvCommImpl::announce_quiet(std::uint32_t from, std::uint32_t until) {
   }
 }
 
+// A quiet part whose message did not come ahead while half a window of receives was posted
+// after it is announced, as any buffer may be (an announcement costs a message, never a wrong
+// delivery): its sender asks for it only if one of its own sends waits, and its number must not
+// leave the window in which its entry, and the sender's, are kept (posted_, outgoing_). A scan
+// at most once per kQuietAgeLimit receives, while quiet parts stay.
+void RecvCommImpl::announce_aging_quiet() {
+  std::uint32_t floor = next_seq_;
+  for (Request& r : requests_.in_use(RequestKind::kRecv)) {
+    if (r.part_count != 1 || r.parts[0].recv != RecvState::kQuiet) continue;
+    Part& part = r.parts[0];
+    if (next_seq_ - part.seq <= kQuietAgeLimit) {
+      if (seq_before(part.seq, floor)) floor = part.seq;
+      continue;
+    }
+    --quiet_parts_;
+    part.to(RecvState::kToAnnounce);
+    announce(r);
+  }
+  quiet_floor_ = floor;
+  send_control_batch();  // the sender may wait for it
+}
+
 // Parts quiet for kQuietPatience are announced as if their sender asked: their messages did not
 // come ahead, and a sender that cannot send one ahead asks only when its own application polls
 // it, if the message is above the eager size (SendCommImpl's settle_late_clearances). A receiver

@@ -68,6 +68,8 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
     claim_posted(seq).part = PartRef{r, static_cast<std::uint8_t>(i)};
   }
   advance(*r);
+  if (quiet_parts_ != 0 && next_seq_ - quiet_floor_ > kQuietAgeLimit) [[unlikely]]
+    announce_aging_quiet();
   request = r;
   return Status::kOk;
 }

@@ -85,7 +85,7 @@ class RecvCommImpl final : public Comm {
   bool stay_quiet(Request& r) {
     Part& part = r.parts[0];
     if (!may_stay_quiet(r, part)) return false;
-    ++quiet_parts_;
+    if (quiet_parts_++ == 0) quiet_floor_ = part.seq;
     part.to(RecvState::kQuiet);
     if (!held_.empty()) deliver_held(r, part);
     return true;
@@ -95,6 +95,9 @@ class RecvCommImpl final : public Comm {
   void on_ask_clearance(std::span<const std::byte> body);
   // Announces the quiet parts posted with [from, until).
   void announce_quiet(std::uint32_t from, std::uint32_t until);
+  // A quiet part half a sequence window behind the newest receive is announced: its number
+  // must not leave the window its entry lives in (posted_) unsettled.
+  void announce_aging_quiet();
   void settle_late_clearances() override;
   // eager.cpp: a message sent ahead, in one of the lane's pool buffers until its irecv.
   struct Held {
@@ -157,6 +160,10 @@ class RecvCommImpl final : public Comm {
   std::size_t credits_out_ = 0;
   std::size_t credits_to_grant_ = 0;
   std::size_t quiet_parts_ = 0;  // in kQuiet: at most credits_out_ (may_stay_quiet)
+  // No quiet part is older (announce_aging_quiet): the first of the quiet parts since none was,
+  // or the oldest at the last scan.
+  std::uint32_t quiet_floor_ = 0;
+  static constexpr std::uint32_t kQuietAgeLimit = kSeqWindow / 2;
   // settle_late_clearances: kSeen, a periodic check found quiet parts at quiet_seen_at_, all
   // posted before quiet_seen_until_.
   enum class LateQuiet : std::uint8_t { kNone, kSeen };

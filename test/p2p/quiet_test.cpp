@@ -468,5 +468,98 @@ TEST_CASE("p2p a sender out of credits reads the grant waiting for it before it 
   REQUIRE(failure.empty());
 }
 
+// A quiet buffer too small for the message meant for it, and behind it more than the protocol's
+// window of sequence numbers (kSeqWindow): grouped receives (always announced) whose messages the
+// sender matches as it posts them (its test of the waiting message reads the announcements
+// first) and sends on credits, so no send waits and nothing asks. The quiet buffer is still
+// announced (before: only the receiver's 100 ms check could, and once the window had passed it
+// nothing did: both ends waited for good), and refused at both ends (kTruncated); every later
+// message is delivered.
+TEST_CASE("p2p a quiet buffer is announced before the sequence window passes it", "[quiet]") {
+  constexpr std::size_t kLarge = 64 * 1024, kGroups = 2, kBatches = 320;  // 1280 messages
+  auto size_of = [](std::size_t k) { return 8 + (k * 37) % 200; };
+  Config config = test_config();
+  config.eager_credits = 64;
+  auto receiver = [&](Channel& channel) {
+    Context context(config);
+    Listener listener = context.listen();
+    send_handle(channel, listener.handle());
+    auto in = accept_one(listener);
+    const CloseOnUnwind guard{in.get()};
+    std::vector<std::byte> slab(kSlot + 2 * kGroups * 256);
+    MemoryRegion region = in->register_memory(slab.data(), slab.size());
+    receive_first(*in, slab.data(), region);
+    std::byte* slots = slab.data() + kSlot;
+    Request quiet_request;
+    RecvBuffer quiet{slab.data(), 100, 4, region};
+    require(post_into(in->irecv({&quiet, 1}), quiet_request) == Status::kOk, in->last_error());
+    for (std::size_t batch = 0; batch < kBatches; ++batch) {
+      Request requests[kGroups];
+      for (std::size_t g = 0; g < kGroups; ++g) {
+        RecvBuffer pair[2] = {{slots + (2 * g) * 256, 256, 9, region},
+                              {slots + (2 * g + 1) * 256, 256, 9, region}};
+        require(post_into(in->irecv(pair), requests[g]) == Status::kOk, in->last_error());
+      }
+      bool done = false;  // a test: the lane's progress sends their announcements
+      require(test_once(*in, requests[0], done) == Status::kOk && !done, "a group ended early");
+      channel.send_value(static_cast<int>(batch));
+      for (std::size_t g = 0; g < kGroups; ++g) {
+        std::size_t sizes[2] = {};
+        bool done = false;
+        Status status = Status::kOk;
+        poll_until([&] { return done; }, [&] { status = test_once(*in, requests[g], done, sizes); },
+                   "a group", 20s);
+        require(status == Status::kOk, "a group: " + in->last_error());
+        for (std::size_t j = 0; j < 2; ++j) {
+          const std::size_t k = batch * 2 * kGroups + 2 * g + j;
+          require(sizes[j] == size_of(k), "message " + std::to_string(k) + ": wrong size");
+          const std::string wrong =
+              check_pattern({slots + (2 * g + j) * 256, size_of(k)}, 1000 + k);
+          require(wrong.empty(), "message " + std::to_string(k) + ": " + wrong);
+        }
+      }
+    }
+    finish(*in, quiet_request, Status::kTruncated, 20s);
+    require_untouched({slab.data(), 100});
+    channel.barrier();
+  };
+  auto sender = [&](Channel& channel) {
+    Context context(config);
+    auto out = connect_one(context, recv_handle(channel));
+    const CloseOnUnwind guard{out.get()};
+    std::vector<std::byte> slab(kLarge + 2 * kGroups * 256);
+    MemoryRegion region = out->register_memory(slab.data(), slab.size());
+    send_first(*out, slab.data(), region);
+    std::byte* slots = slab.data() + kLarge;
+    fill_pattern({slab.data(), kLarge}, 606);
+    Request large;
+    require(post_into(out->isend(slab.data(), kLarge, 4, region), large) == Status::kOk,
+            out->last_error());
+    for (std::size_t batch = 0; batch < kBatches; ++batch) {
+      require(channel.recv_value<int>() == static_cast<int>(batch), "receiver out of step");
+      bool done = false;
+      const Status status = large.valid() ? test_once(*out, large, done) : Status::kOk;
+      if (done) {
+        require(status == Status::kTruncated, "the large message: " + out->last_error());
+        large = {};
+      }
+      Request requests[2 * kGroups];
+      for (std::size_t i = 0; i < 2 * kGroups; ++i) {
+        const std::size_t k = batch * 2 * kGroups + i;
+        fill_pattern({slots + i * 256, size_of(k)}, 1000 + k);
+        require(post_into(out->isend(slots + i * 256, size_of(k), 9, region), requests[i]) ==
+                    Status::kOk,
+                out->last_error());
+      }
+      for (Request& request : requests) finish(*out, request);
+    }
+    if (large.valid()) finish(*out, large, Status::kTruncated, 20s);
+    channel.barrier();
+  };
+  const std::string failure = run_pair(receiver, sender);
+  INFO(failure);
+  REQUIRE(failure.empty());
+}
+
 }  // namespace
 }  // namespace loom::test
