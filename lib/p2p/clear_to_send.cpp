@@ -102,8 +102,9 @@ void RecvCommImpl::announce_quiet(std::uint32_t from, std::uint32_t until) {
 // A quiet part whose message did not come ahead while half a window of receives was posted
 // after it is announced, as any buffer may be (an announcement costs a message, never a wrong
 // delivery): its sender asks for it only if one of its own sends waits, and its number must not
-// leave the window in which its entry, and the sender's, are kept (posted_, outgoing_). A scan
-// at most once per kQuietAgeLimit receives, while quiet parts stay.
+// leave the window in which its entry, and the sender's, are kept (posted_, outgoing_). The
+// sender, whose later messages wait behind it, reads this before any later announcement. A scan
+// whenever the oldest quiet part may have aged past the limit (quiet_floor_), not per irecv.
 void RecvCommImpl::announce_aging_quiet() {
   std::uint32_t floor = next_seq_;
   for (Request& r : requests_.in_use(RequestKind::kRecv)) {
