@@ -51,6 +51,17 @@ struct Figures {
   }
 };
 
+// The two-sided protocol's counts over this side's communicators (loom::CommStats), summed:
+// how the messages went and what control messages they cost. All zero for one-sided runs.
+struct ProtocolCounts {
+  std::uint64_t sent_ahead = 0;  // eager, on a credit
+  std::uint64_t written = 0;     // rendezvous (RDMA write)
+  std::uint64_t asks = 0;        // asks for clearance (AskClearance)
+  std::uint64_t clear_to_sends = 0;
+  std::uint64_t carried = 0;      // clear-to-sends that rode on a data message
+  std::uint64_t pushed_back = 0;  // control messages the provider refused for a while
+};
+
 struct SetupFigures {
   double median_connect_us = 0;    // connect + accept of one communicator
   double memory_per_comm_kib = 0;  // RSS growth / communicators held

@@ -167,7 +167,8 @@ void Report::progress(std::size_t done, std::size_t total) const {
   std::fflush(stderr);
 }
 
-void Report::footer(const SetupFigures& setup, const ContextStats& stats) const {
+void Report::footer(const SetupFigures& setup, const ContextStats& stats,
+                    const ProtocolCounts& protocol) const {
   std::size_t registrations = 0, send_lanes = 0, recv_lanes = 0;
   std::uint64_t hits = 0, misses = 0;
   std::map<std::string, std::uint64_t> per_rail;  // "data 0 on lo" -> bytes
@@ -199,9 +200,17 @@ void Report::footer(const SetupFigures& setup, const ContextStats& stats) const 
     std::printf(" %s %s;", rail.c_str(), bytes_text(static_cast<double>(bytes)).c_str());
   }
   std::printf("\n");
+  if (options_.one_sided()) return;
+  const auto count = [](std::uint64_t n) { return static_cast<unsigned long long>(n); };
+  std::printf(
+      "# protocol (this side): %llu sent ahead, %llu written; %llu asks for clearance, %llu "
+      "clear-to-sends (%llu carried), %llu control messages pushed back\n",
+      count(protocol.sent_ahead), count(protocol.written), count(protocol.asks),
+      count(protocol.clear_to_sends), count(protocol.carried), count(protocol.pushed_back));
 }
 
-void Report::write_json(const SetupFigures& setup, const ContextStats& stats) const {
+void Report::write_json(const SetupFigures& setup, const ContextStats& stats,
+                        const ProtocolCounts& protocol) const {
   if (options_.json.empty()) return;
   using nlohmann::json;
   const Config& c = context_.config();
@@ -302,6 +311,13 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats) co
     document["config"]["notify_protocol"] =
         notified ? json(protocol_name(options_.notify_protocol)) : json(nullptr);
     document["config"]["loopback"] = options_.loopback;
+  } else {
+    document["protocol"] = {{"sent_ahead", protocol.sent_ahead},
+                            {"written", protocol.written},
+                            {"asks", protocol.asks},
+                            {"clear_to_sends", protocol.clear_to_sends},
+                            {"carried", protocol.carried},
+                            {"pushed_back", protocol.pushed_back}};
   }
   std::ofstream out(options_.json);
   if (!out) throw std::runtime_error("cannot write " + options_.json);

@@ -1,6 +1,6 @@
 // What fi_p2p_bw prints: a header naming the setup, fabtests' columns plus GB/s and latency
 // (one-sided: plus batch latency and time-to-notify), a footer with setup cost, memory,
-// registrations and bytes per rail; and the same as JSON.
+// registrations, bytes per rail and the protocol's counts; and the same as JSON.
 #pragma once
 
 #include <string>
@@ -22,8 +22,10 @@ class Report {
   void header() const;
   void row(const Figures& figures);
   void progress(std::size_t done, std::size_t total) const;  // stderr, only on a terminal
-  void footer(const SetupFigures& setup, const ContextStats& stats) const;
-  void write_json(const SetupFigures& setup, const ContextStats& stats) const;
+  void footer(const SetupFigures& setup, const ContextStats& stats,
+              const ProtocolCounts& protocol) const;
+  void write_json(const SetupFigures& setup, const ContextStats& stats,
+                  const ProtocolCounts& protocol) const;
 
  private:
   void rma_header() const;

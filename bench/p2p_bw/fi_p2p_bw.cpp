@@ -51,8 +51,9 @@ int run_session(const Options& options, loom::bench::Oob& oob) {
   oob.sync();
   if (prints) {
     const auto stats = session.context().stats();
-    report.footer(setup, stats);
-    report.write_json(setup, stats);
+    const loom::bench::ProtocolCounts protocol = session.protocol_counts();
+    report.footer(setup, stats, protocol);
+    report.write_json(setup, stats, protocol);
   }
   return 0;
 }

@@ -47,6 +47,7 @@ class RmaSession {
   Figures measure(std::size_t size);
 
   [[nodiscard]] Context& context() { return *context_; }
+  [[nodiscard]] ProtocolCounts protocol_counts() const { return {}; }  // two-sided only
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -45,6 +45,21 @@ Session::Session(const Options& options, Oob& oob)
 
 Session::~Session() = default;
 
+ProtocolCounts Session::protocol_counts() const {
+  ProtocolCounts counts;
+  const auto add = [&counts](const CommStats& stats) {
+    counts.sent_ahead += stats.eager;
+    counts.written += stats.rendezvous;
+    counts.asks += stats.asks_sent;
+    counts.clear_to_sends += stats.cts_sent + stats.cts_carried;
+    counts.carried += stats.cts_carried;
+    counts.pushed_back += stats.control_pushed_back;
+  };
+  for (const auto& comm : send_) add(comm->stats());
+  for (const auto& comm : recv_) add(comm->stats());
+  return counts;
+}
+
 SetupFigures Session::connect_all() {
   Listener listener = context_->listen();
   oob_.send(listener.handle().view());

