@@ -68,8 +68,6 @@ Status RecvCommImpl::irecv(std::span<const RecvBuffer> buffers, Request*& reques
     claim_posted(seq).part = PartRef{r, static_cast<std::uint8_t>(i)};
   }
   advance(*r);
-  if (quiet_parts_ != 0 && next_seq_ - quiet_floor_ > kQuietAgeLimit) [[unlikely]]
-    announce_aging_quiet();
   request = r;
   return Status::kOk;
 }
@@ -171,6 +169,7 @@ void RecvCommImpl::advance(Request& r) {
 }
 
 void RecvCommImpl::announce_posted(Request& r) {
+  check_quiet_age();
   bool urgent = credits_out_ + credits_to_grant_ == 0;
   for (std::size_t i = 0; i < r.part_count; ++i) {
     Part& part = r.parts[i];

@@ -85,8 +85,14 @@ class RecvCommImpl final : public Comm {
   bool stay_quiet(Request& r) {
     Part& part = r.parts[0];
     if (!may_stay_quiet(r, part)) return false;
-    if (quiet_parts_++ == 0) quiet_floor_ = part.seq;
     part.to(RecvState::kQuiet);
+    // The first quiet part since none was (a ping-pong's every receive) starts the floor; one
+    // posted behind others looks at their age.
+    if (quiet_parts_++ == 0) {
+      quiet_floor_ = part.seq;
+    } else {
+      check_quiet_age();
+    }
     if (!held_.empty()) deliver_held(r, part);
     return true;
   }
@@ -96,7 +102,12 @@ class RecvCommImpl final : public Comm {
   // Announces the quiet parts posted with [from, until).
   void announce_quiet(std::uint32_t from, std::uint32_t until);
   // A quiet part half a sequence window behind the newest receive is announced: its number
-  // must not leave the window its entry lives in (posted_) unsettled.
+  // must not leave the window its entry lives in (posted_) unsettled. Looked at by each receive
+  // posted while quiet parts exist (stay_quiet, announce_posted).
+  void check_quiet_age() {
+    if (quiet_parts_ != 0 && next_seq_ - quiet_floor_ > kQuietAgeLimit) [[unlikely]]
+      announce_aging_quiet();
+  }
   void announce_aging_quiet();
   void settle_late_clearances() override;
   // eager.cpp: a message sent ahead, in one of the lane's pool buffers until its irecv.
