@@ -93,10 +93,14 @@ void RecvCommImpl::announce_quiet(std::uint32_t from, std::uint32_t until) {
         r->parts[ref.part].recv != RecvState::kQuiet) {
       continue;
     }
-    --quiet_parts_;
-    r->parts[ref.part].to(RecvState::kToAnnounce);
-    announce(*r);
+    announce_quiet_part(*r, r->parts[ref.part]);
   }
+}
+
+void RecvCommImpl::announce_quiet_part(Request& r, Part& part) {
+  --quiet_parts_;
+  part.to(RecvState::kToAnnounce);
+  announce(r);
 }
 
 // A quiet part whose message did not come ahead while half a window of receives was posted
@@ -114,9 +118,7 @@ void RecvCommImpl::announce_aging_quiet() {
       if (seq_before(part.seq, floor)) floor = part.seq;
       continue;
     }
-    --quiet_parts_;
-    part.to(RecvState::kToAnnounce);
-    announce(r);
+    announce_quiet_part(r, part);
   }
   quiet_floor_ = floor;
   send_control_batch();  // the sender may wait for it

@@ -101,6 +101,8 @@ class RecvCommImpl final : public Comm {
   void on_ask_clearance(std::span<const std::byte> body);
   // Announces the quiet parts posted with [from, until).
   void announce_quiet(std::uint32_t from, std::uint32_t until);
+  // One quiet part leaves kQuiet to be announced (announce_quiet, announce_aging_quiet).
+  void announce_quiet_part(Request& r, Part& part);
   // A quiet part half a sequence window behind the newest receive is announced: its number
   // must not leave the window its entry lives in (posted_) unsettled. Looked at by each receive
   // posted while quiet parts exist (stay_quiet, announce_posted).
