@@ -352,7 +352,7 @@ class Comm : public mux::CommPort {
   virtual bool awaiting_clearance(std::uint32_t& /*oldest*/) const noexcept { return false; }
   // A receiver: the peer's ping says its messages from `from` on wait for their clearances.
   virtual void repeat_clearances(std::uint32_t /*from*/) {}
-  // Every kPollsPerLivenessCheck waiting polls: what waits long for a clearance is settled by
+  // Every kPollsPerSettle waiting polls: what waits long for a clearance is settled by
   // whichever end polls. A sender asks for a message it did not ask for at once, still waiting
   // at two checks (SendCommImpl); a receiver announces buffers quiet for kQuietPatience
   // (RecvCommImpl).
@@ -412,11 +412,13 @@ class Comm : public mux::CommPort {
   std::chrono::steady_clock::time_point close_deadline_;  // kClosed: the rest must arrive by then
   std::chrono::steady_clock::time_point last_heard_;
   std::chrono::steady_clock::time_point next_ping_;
+  // The first ping since the peer was last heard from (or the wait began); epoch when none.
+  std::chrono::steady_clock::time_point first_unanswered_ping_;
   // What happened since the last liveness check, which reads the clock for it: a clock read at
   // every request and every control message would sit on the message's path (~25 ns each).
   enum class SinceCheck : std::uint8_t { kNothing, kHeard, kWaitBegan };
   SinceCheck since_check_ = SinceCheck::kNothing;
-  unsigned liveness_polls_ = 0;
+  unsigned waiting_polls_ = 0;  // unfinished test() calls: the periodic work's cadence
   std::vector<Registration> registrations_;
   std::vector<std::uint32_t> free_registrations_;
   RequestPool requests_;

@@ -1,8 +1,8 @@
-// Liveness: while requests wait on the peer, test() pings it and the peer's progress answers;
-// silence for LOOM_PEER_TIMEOUT_MS, or a ping the provider refuses, makes the peer lost and
-// fails everything pending. Both directions run the same code. A sender's ping also names the
-// oldest message still waiting for its clearance, which the receiver then announces again
-// (Ping in messages.hpp).
+// Liveness: while requests wait on the peer, test() pings it every LOOM_PEER_TIMEOUT_MS / 4 and
+// the peer's progress answers; silence for LOOM_PEER_TIMEOUT_MS, half of it after a ping, or a
+// ping the provider refuses, makes the peer lost and fails everything pending. Both directions
+// run the same code. A sender's ping also names the oldest message still waiting for its
+// clearance, which the receiver then announces again (Ping in messages.hpp).
 #include <chrono>
 
 #include "p2p/comm.hpp"
@@ -64,6 +64,7 @@ void Comm::check_peer() {
       [[fallthrough]];
     case SinceCheck::kHeard:
       last_heard_ = now;
+      first_unanswered_ping_ = {};
       break;
     case SinceCheck::kNothing:
       break;
@@ -74,13 +75,22 @@ void Comm::check_peer() {
     if (now > close_deadline_) settle_after_close();
     return;
   }
-  if (now - last_heard_ > timeout) {
+  // Silence proves death only where the peer had half a timeout to answer a ping: after a
+  // spell without checks (the application busy elsewhere, this process without CPU) nothing
+  // asked it. A side that kept checking sent its first ping a quarter after it last heard.
+  const bool asked = first_unanswered_ping_ != std::chrono::steady_clock::time_point{} &&
+                     now - first_unanswered_ping_ >= timeout / 2;
+  if (now - last_heard_ > timeout && asked) {
     peer_lost("no sign of life from the peer for LOOM_PEER_TIMEOUT_MS (" +
               std::to_string(timeout.count()) + " ms): taken as dead");
     return;
   }
   if (now < next_ping_) return;
   next_ping_ = now + timeout / 4;
+  // As of when tried: a ping the provider pushes back (a dead peer's full queue) asked too.
+  if (first_unanswered_ping_ == std::chrono::steady_clock::time_point{}) {
+    first_unanswered_ping_ = now;
+  }
   Ping ping;
   ping.awaiting = awaiting_clearance(ping.oldest_awaiting);
   std::byte bytes[kPingAwaitingBytes];

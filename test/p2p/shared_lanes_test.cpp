@@ -22,8 +22,10 @@ namespace loom::test {
 namespace {
 
 constexpr int kPeerTimeoutMs = 2000;
-// How much later than the peer timeout a dead peer's requests may fail: slack for this VM.
-constexpr auto kBound = std::chrono::milliseconds(kPeerTimeoutMs + 1500);
+// How much later than the peer timeout a dead peer's requests may fail: slack for a loaded
+// 2-core VM, where the hub reads the dead peer's last messages (and so last hears from it) late:
+// 3.8 s after the death has been seen under ASan beside another test on one core's worth of CPU.
+constexpr auto kBound = std::chrono::milliseconds(kPeerTimeoutMs + 3000);
 
 Config hub_config() {
   Config config = test_config(1);
@@ -330,13 +332,20 @@ TEST_CASE("p2p shared lanes: a peer killed mid-transfer fails only its own reque
             std::string("our message to the dead peer ended ") +
                 std::string(to_string(doomed[1].status)));
     for (const Transfer& t : doomed) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.ended - died);
       require(t.status == Status::kOk || t.ended - died < kBound,
-              "the dead peer's request failed later than the bound");
+              "the dead peer's request failed later than the bound (" + std::to_string(ms.count()) +
+                  " ms after its death)");
     }
     // The live peers kept going: no round waited for the death to be detected.
     for (std::size_t r = 1; r < round_ends.size(); ++r) {
+      const auto ms = [](auto d) {
+        return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+      };
       require(round_ends[r] - round_ends[r - 1] < std::chrono::milliseconds(kPeerTimeoutMs),
-              "round " + std::to_string(r) + " of the live peers stalled");
+              "round " + std::to_string(r) +
+                  " of the live peers stalled: " + ms(round_ends[r] - round_ends[r - 1]) +
+                  " ms, ending " + ms(round_ends[r] - died) + " ms after the death");
     }
     for (std::size_t p = 1; p < kPeers; ++p) channels[p].barrier();
   };
@@ -557,8 +566,15 @@ TEST_CASE("p2p shared lanes: every peer of a crowded lane gets eager credits", "
   constexpr std::size_t kPeers = 16;
   constexpr std::size_t kMessages = 8;
   constexpr std::size_t kSize = 1000;
+  // Not a death test: 17 processes under ASan beside another test's once kept the hub from
+  // answering two peers' pings within the 2 s of hub_config().
+  const auto config = [] {
+    Config c = hub_config();
+    c.peer_timeout_ms = 60000;
+    return c;
+  };
   const auto hub = [&](std::span<Channel> channels) {
-    Context context(hub_config());
+    Context context(config());
     Listener listener = context.listen();
     std::vector<HubLink> links;
     for (Channel& channel : channels) links.push_back(link_peer(context, listener, channel));
@@ -579,7 +595,7 @@ TEST_CASE("p2p shared lanes: every peer of a crowded lane gets eager credits", "
     for (Channel& channel : channels) channel.barrier();
   };
   const auto peer = [&](Channel& channel, std::size_t index) {
-    Context context(hub_config());
+    Context context(config());
     Listener listener = context.listen();
     std::vector<Transfer> transfers;
     HubLink link = join_hub(context, listener, channel);
@@ -605,8 +621,10 @@ TEST_CASE("p2p shared lanes: every peer of a crowded lane gets eager credits", "
 // stopped peer never takes, and shm completes an endpoint's operations in order, so until
 // loom kept such writes off that path (Profile::peer_paced_above) every later completion of
 // the hub's send lane, to every peer, waited behind it. The 14 others exchange verified
-// messages with the hub in rounds throughout; none may take a tenth of the peer timeout. The
-// hub resumes peer 1 after three peer timeouts.
+// messages with the hub in rounds throughout; none may take a quarter of the peer timeout (a
+// round that waited behind the stopped peer's write would take until the verdict, a whole peer
+// timeout, or until the resume; a loaded 2-core CI machine has seen 600 ms rounds without any
+// such wait). The hub resumes peer 1 after three peer timeouts.
 //
 // Outcomes: the hub's receive from peer 0 and its send to it fail with kPeerError within the
 // bound (the receive may complete, every byte checked, where peer 0's writes had all landed).
@@ -777,7 +795,7 @@ TEST_CASE("p2p shared lanes: 16 peers keep their pace while one dies and one is 
                  "max %.1f ms\n",
                  3 * kScaleTimeoutMs, round_ms.size(), round_ms[round_ms.size() / 2],
                  round_ms.back());
-    require(round_ms.back() < kScaleTimeoutMs / 10.0,
+    require(round_ms.back() < kScaleTimeoutMs / 4.0,
             "a live peers' round took " + std::to_string(round_ms.back()) + " ms");
     for (std::size_t i = 0; i < doomed.size(); ++i) {
       // Peer 0's message may have been written whole before it died.
