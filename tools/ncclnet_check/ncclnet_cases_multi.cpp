@@ -152,6 +152,9 @@ void close_inflight_case(Plugin& plugin, Rank& rank, const Options& options) {
           post_send(plugin, links[0].send, big.wire(), i % 2 ? 1024 : big.size(), 9, big.mhandle(),
                     rank);
     });
+    // Both posted before either closes: an irecv posted after its peer closed is refused (the
+    // plugin says "the peer closed the communicator"), which a loaded machine once made happen.
+    rank.barrier();
     big.deregister();  // as NCCL's teardown does: deregister, then close
     sink.deregister();
     close_links(plugin, links);  // with every request above still pending
