@@ -193,7 +193,7 @@ TEST_CASE("p2p a peer killed during a rendezvous send fails the survivor's reque
 
 // An application that tests now and then (other work, a scheduler's tick): the peer's death is
 // still noticed within the bound, which is set by the clock, not by how many tests it takes
-// (the liveness checks once ran every 256th test: 5 s here, past the bound).
+// (a check every 256th test would notice it 5 s late here, past the bound).
 TEST_CASE("p2p a peer killed while its requests are tested every 20 ms fails them in bounds",
           "[peer-failure]") {
   auto failure = run_pair(

@@ -620,7 +620,15 @@ TEST_CASE("p2p every legal edge of the part and ready-to-send state machines is 
   run("the sender closes after writes", sender_closes_after_writes);
   run("the receiver closes, announced", receiver_closes_announced);
   run("the receiver closes, written", receiver_closes_while_written);
-  run("a sender closes in a child", [&] { sender_closes_in_child(children); });
+  run("a sender closes in a child", [&] {
+    // Its background progress may read the clear-to-sends before it closes (a loaded machine
+    // stretches its 20 ms sleep past the 100 ms turn): then again.
+    const Edge waiting = edge(SendState::kAwaitingClearance, SendState::kFailed);
+    for (int i = 0; i < 5 && !taken(waiting, children); ++i) {
+      if (i > 0) std::fprintf(stderr, "edges: a sender closes in a child: try %d\n", i + 1);
+      sender_closes_in_child(children);
+    }
+  });
   run("a sender killed", sender_killed_then_posts);
   merge(all, children);
 
