@@ -13,16 +13,9 @@
 namespace loom::p2p {
 namespace {
 
-// Unfinished test() calls between looks at the clock for the peer's liveness: few enough that
-// an application testing now and then (every 20 ms) still learns of a death within about the
-// peer timeout, and the clock read (~25 ns) costs under 2 ns per test.
-constexpr unsigned kPollsPerLivenessCheck = 16;
+// Unfinished test() calls between looks at the clock for the peer's liveness.
+constexpr unsigned kPollsPerLivenessCheck = 256;
 static_assert((kPollsPerLivenessCheck & (kPollsPerLivenessCheck - 1)) == 0);
-// Unfinished test() calls between settling what waits long for a clearance (and running the
-// registry's turn without a progress thread).
-constexpr unsigned kPollsPerSettle = 256;
-static_assert((kPollsPerSettle & (kPollsPerSettle - 1)) == 0);
-static_assert(kPollsPerSettle % kPollsPerLivenessCheck == 0);
 // wait(): polls that found nothing to do before it yields the CPU on each further one, and
 // before it sleeps between them (from kFirstSleep, doubling up to kLongestSleep). The first
 // bound keeps a transfer's latency spinning-fast; the second is about a millisecond of nothing.
@@ -433,12 +426,11 @@ Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled
     ready = finished(*request);
   }
   if (!ready) {
-    const unsigned polls = ++waiting_polls_;
-    const bool periodic = (polls & (kPollsPerSettle - 1)) == 0;
-    if ((polls & (kPollsPerLivenessCheck - 1)) == 0) [[unlikely]]
+    const bool periodic = (++liveness_polls_ & (kPollsPerLivenessCheck - 1)) == 0;
+    if (periodic) [[unlikely]] {
       check_peer();
-    if (periodic) [[unlikely]]
       settle_late_clearances();
+    }
     lock.unlock();
     kick_other_lanes();
     // Without a progress thread (LOOM_PROGRESS_THREAD=0) the waiting polls run the registry's

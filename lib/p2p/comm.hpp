@@ -352,7 +352,7 @@ class Comm : public mux::CommPort {
   virtual bool awaiting_clearance(std::uint32_t& /*oldest*/) const noexcept { return false; }
   // A receiver: the peer's ping says its messages from `from` on wait for their clearances.
   virtual void repeat_clearances(std::uint32_t /*from*/) {}
-  // Every kPollsPerSettle waiting polls: what waits long for a clearance is settled by
+  // Every kPollsPerLivenessCheck waiting polls: what waits long for a clearance is settled by
   // whichever end polls. A sender asks for a message it did not ask for at once, still waiting
   // at two checks (SendCommImpl); a receiver announces buffers quiet for kQuietPatience
   // (RecvCommImpl).
@@ -418,7 +418,7 @@ class Comm : public mux::CommPort {
   // every request and every control message would sit on the message's path (~25 ns each).
   enum class SinceCheck : std::uint8_t { kNothing, kHeard, kWaitBegan };
   SinceCheck since_check_ = SinceCheck::kNothing;
-  unsigned waiting_polls_ = 0;  // unfinished test() calls: the periodic work's cadence
+  unsigned liveness_polls_ = 0;
   std::vector<Registration> registrations_;
   std::vector<std::uint32_t> free_registrations_;
   RequestPool requests_;
