@@ -624,10 +624,10 @@ TEST_CASE("p2p shared lanes: every peer of a crowded lane gets eager credits", "
 // stopped peer never takes, and shm completes an endpoint's operations in order, so until
 // loom kept such writes off that path (Profile::peer_paced_above) every later completion of
 // the hub's send lane, to every peer, waited behind it. The 14 others exchange verified
-// messages with the hub in rounds throughout; none may take a quarter of the peer timeout (a
-// round that waited behind the stopped peer's write would take until the verdict, a whole peer
-// timeout, or until the resume; a loaded 2-core CI machine has seen 600 ms rounds without any
-// such wait). The hub resumes peer 1 after three peer timeouts.
+// messages with the hub in rounds throughout; none may take half the peer timeout (a round
+// that waited behind the stopped peer's write would take until the verdict, a whole peer
+// timeout, or until the resume; a loaded 2-core machine has seen 1280 ms rounds without any
+// such wait, beside other tests). The hub resumes peer 1 after three peer timeouts.
 //
 // Outcomes: the hub's receive from peer 0 and its send to it fail with kPeerError within the
 // bound (the receive may complete, every byte checked, where peer 0's writes had all landed).
@@ -799,7 +799,7 @@ TEST_CASE("p2p shared lanes: 16 peers keep their pace while one dies and one is 
                  "max %.1f ms\n",
                  3 * kScaleTimeoutMs, round_ms.size(), round_ms[round_ms.size() / 2],
                  round_ms.back());
-    require(round_ms.back() < kScaleTimeoutMs / 4.0,
+    require(round_ms.back() < kScaleTimeoutMs / 2.0,
             "a live peers' round took " + std::to_string(round_ms.back()) + " ms");
     for (std::size_t i = 0; i < doomed.size(); ++i) {
       // Peer 0's message may have been written whole before it died.
