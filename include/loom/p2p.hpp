@@ -42,6 +42,9 @@ class RmaTarget;
 // freely. It names its operation until test() or wait() reported the operation done, or the
 // communicator closed; after that it names nothing, whatever the communicator runs meanwhile,
 // and test() or wait() with it return kInvalid (so does a handle of another communicator).
+// Except a send done within isend (a small message the provider took whole, by an inject, on a
+// credit): its handle holds no operation (nothing to look up, no room among kMaxRequestsPerComm
+// taken), and test() or wait() report it done, with its size, however often asked.
 class Request {
  public:
   Request() = default;  // names nothing
@@ -106,7 +109,7 @@ struct RecvBuffer {
 };
 
 struct CommStats {
-  std::uint64_t messages = 0;  // completed sends or received buffers
+  std::uint64_t messages = 0;  // sends reported done (or done at their post), buffers received
   std::uint64_t bytes = 0;
   std::uint64_t eager = 0;       // messages that went eagerly
   std::uint64_t rendezvous = 0;  // messages that went by RDMA write
@@ -159,7 +162,8 @@ class Communicator {
   // or an error that last_error() explains), and the handle names nothing from then on.
   // `sizes` receives the delivered size of each buffer of a receive (or the size sent).
   // kInvalid (last_error() says which) for a handle that names no pending request of this
-  // communicator: empty, already reported done, or another communicator's.
+  // communicator: empty, already reported done (but a send done at its post: see Request), or
+  // another communicator's.
   [[nodiscard]] Status test(Request request, std::span<std::size_t> sizes = {});
   // test() until done. A peer that stays silent for LOOM_PEER_TIMEOUT_MS (dead, unreachable, or
   // stopped) fails the request (kPeerError). A live process answers whatever its application

@@ -99,10 +99,10 @@ SendComm::SendComm(CommKey /*key*/, std::shared_ptr<p2p::ContextCore> context,
 Posted SendComm::isend(const void* data, std::size_t size, Tag tag, MemoryRegion region) {
   if (!comm_) return {Status::kInvalid, {}};
   const util::StepSpan step(util::Step::kIsendBegin, util::Step::kIsendEnd);
-  p2p::Request* request = nullptr;
+  Request request;
   const Status status =
       static_cast<p2p::SendCommImpl&>(*comm_).isend(data, size, tag, region, request);
-  return posted(*comm_, status, request);
+  return {status, request};
 }
 
 RecvComm::RecvComm(CommKey /*key*/, std::shared_ptr<p2p::ContextCore> context,

@@ -474,6 +474,7 @@ Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled
 // caller's timeout, with the CPU given up while nothing happens.
 Status Comm::wait(const loom::Request& handle, std::span<std::size_t> sizes,
                   std::chrono::milliseconds timeout) {
+  if (is_done_at_post(handle)) return report_done_at_post(handle, sizes);
   Request* request = find(handle, "wait");
   if (request == nullptr) [[unlikely]]
     return Status::kInvalid;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <cassert>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -87,9 +88,18 @@ class Comm : public mux::CommPort {
   [[nodiscard]] loom::Request handle_of(const Request& request) const noexcept {
     return {serial_, requests_.index_of(request), request.generation};
   }
+  // The handle of send `seq` of `size` bytes, done at its post (sent ahead whole, by an inject):
+  // it names no request, as UCX's send that completed in place gives none. The mark in its index
+  // says so, its size is beside it, and its sequence number keeps two such handles apart.
+  static constexpr std::uint32_t kDoneAtPost = 0x8000'0000u;
+  [[nodiscard]] loom::Request done_at_post(std::uint32_t seq, std::size_t size) const noexcept {
+    assert(size < kDoneAtPost);  // an inject's size: a few KiB
+    return {serial_, kDoneAtPost | static_cast<std::uint32_t>(size), seq | kDoneAtPost};
+  }
   // kInProgress while the request runs, its outcome once done (see loom::Communicator::test).
   // Inline: the user's polling loop calls it many times per message.
   Status test(const loom::Request& handle, std::span<std::size_t> sizes) {
+    if (is_done_at_post(handle)) return report_done_at_post(handle, sizes);
     Request* request = find(handle, "test");
     if (request == nullptr) [[unlikely]]
       return Status::kInvalid;
@@ -323,6 +333,15 @@ class Comm : public mux::CommPort {
     return refuse_handle(handle, operation);
   }
   [[gnu::cold]] Request* refuse_handle(const loom::Request& handle, const char* operation);
+  [[nodiscard]] bool is_done_at_post(const loom::Request& handle) const noexcept {
+    return handle.comm_ == serial_ && (handle.index_ & kDoneAtPost) != 0;
+  }
+  // Done whenever asked: nothing is held for it, so a second test cannot tell it was reported.
+  static Status report_done_at_post(const loom::Request& handle,
+                                    std::span<std::size_t> sizes) noexcept {
+    if (!sizes.empty()) sizes[0] = handle.index_ & ~kDoneAtPost;
+    return Status::kOk;
+  }
   // Whether a control message from the peer may be what `r` waits for: a send's clearance or
   // credits, a receive's ready-to-send; one-sided batches, whose notifications wait for their
   // turn. An eager message's arrival and a send's or flush's completion come on the data rails.

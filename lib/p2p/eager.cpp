@@ -50,27 +50,17 @@ void SendCommImpl::post_eager(Request& r) {
   const bool ahead = part.send == SendState::kAwaitingClearance;
   ofi::Rail& data_rail = lane_->rails().data(0);
   const bool inject = injects(part.size, part.registration);
-  // shm: neither control carried nor padding, decided before any call or sum.
-  const bool carrier_wanted = inject && (carry_control_ || min_carrier_ != 0);
-  const Carrier carrier = carrier_wanted ? fill_carrier(part) : Carrier{};
   // Sent ahead, it names itself and the receiver places it; matched, the buffer it was placed in.
-  const std::uint64_t wire_tag =
-      mux::encode_tag({mux::TagKind::kEager, peer_id_, ahead ? part.seq : part.peer_seq,
-                       carrier.length != 0, !ahead});
-  Status status;
-  if (carrier.length != 0) {
-    status = data_rail.tagged_inject(peer_data_[0], lane_->carrier_buffer().data(), carrier.length,
-                                     wire_tag, part.tag);
-  } else if (inject) {
-    status = data_rail.tagged_inject(peer_data_[0], part.data, part.size, wire_tag, part.tag);
-  } else {
-    status = data_rail.tagged_send(peer_data_[0], part.data, part.size,
-                                   part.registration ? part.registration->desc(0) : nullptr,
-                                   wire_tag, part.tag, &r.ops[0]);
-  }
-  if (carrier.carries_control && status == Status::kOk) carried_length_ = 0;
+  const std::uint32_t wire_seq = ahead ? part.seq : part.peer_seq;
+  const Status status =
+      inject ? inject_eager(part, wire_seq, !ahead)
+             : data_rail.tagged_send(
+                   peer_data_[0], part.data, part.size,
+                   part.registration ? part.registration->desc(0) : nullptr,
+                   mux::encode_tag({mux::TagKind::kEager, peer_id_, wire_seq, false, !ahead}),
+                   part.tag, &r.ops[0]);
   if (status == Status::kOk) {
-    if (ahead) note_sent_ahead(part);
+    if (ahead) note_sent_ahead(outgoing_.find(part.seq), part.tag);
     if (inject) {
       part.delivered = part.size;
       part.to(SendState::kDone);
@@ -88,32 +78,46 @@ void SendCommImpl::post_eager(Request& r) {
   }
 }
 
+// One eager message injected, with what a carrier takes along (none on shm: decided before any
+// call or sum). A control message taken for a carrier pushed back stays held for the next.
+Status SendCommImpl::inject_eager(const Part& part, std::uint32_t wire_seq, bool placed) {
+  const Carrier carrier = carry_control_ || min_carrier_ != 0 ? fill_carrier(part) : Carrier{};
+  const std::uint64_t wire_tag =
+      mux::encode_tag({mux::TagKind::kEager, peer_id_, wire_seq, carrier.length != 0, placed});
+  ofi::Rail& rail = lane_->rails().data(0);
+  const Status status =
+      carrier.length != 0
+          ? rail.tagged_inject(peer_data_[0], lane_->carrier_buffer().data(), carrier.length,
+                               wire_tag, part.tag)
+          : rail.tagged_inject(peer_data_[0], part.data, part.size, wire_tag, part.tag);
+  if (status == Status::kOk && carrier.carries_control) carried_length_ = 0;
+  return status;
+}
+
 SendCommImpl::Outgoing* SendCommImpl::inject_first(const void* data, std::size_t size, Tag tag,
                                                    const ofi::MemoryRegistration* registration,
                                                    std::uint32_t seq) {
-  // post_eager's inject of a message sent ahead, decided from the same facts; a request must
-  // be free for it, as isend refuses a message it has none for.
-  assert(!carry_control_ && min_carrier_ == 0);  // isend's check: no carrier rides along
+  // post_eager's inject of a message sent ahead, decided from the same facts, with the carrier
+  // it would take along. It needs no request: it is done once it left (isend gives a
+  // done_at_post handle).
   if (ahead_next_ != seq || credits_ == 0 || !eager_fits(size) || !injects(size, registration) ||
-      !requests_.can_take() || group_known(seq)) {
+      group_known(seq)) {
     return nullptr;
   }
   // Its entry before it leaves: claiming may grow the ring (an allocation), which must not fail
   // a message already sent.
   Outgoing& outgoing = claim_outgoing(seq);
-  const std::uint64_t wire_tag =
-      mux::encode_tag({mux::TagKind::kEager, peer_id_, seq, false, false});
-  const Status status =
-      lane_->rails().data(0).tagged_inject(peer_data_[0], data, size, wire_tag, tag);
-  return status == Status::kOk ? &outgoing : nullptr;
+  const Part part{
+      .data = static_cast<std::byte*>(const_cast<void*>(data)), .size = size, .tag = tag};
+  return inject_eager(part, seq, false) == Status::kOk ? &outgoing : nullptr;
 }
 
-void SendCommImpl::note_sent_ahead(const Part& part) {
+void SendCommImpl::note_sent_ahead(Outgoing* outgoing, Tag tag) {
   --credits_;
   ++stats_.eager;
-  if (Outgoing* outgoing = outgoing_.find(part.seq)) {
+  if (outgoing != nullptr) {
     outgoing->ahead = Ahead::kUnplaced;
-    outgoing->tag = part.tag;
+    outgoing->tag = tag;
   }
 }
 

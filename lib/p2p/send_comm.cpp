@@ -35,8 +35,8 @@ std::uint32_t SendCommImpl::in_flight_floor() const noexcept {
 }
 
 Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const MemoryRegion& region,
-                           Request*& request) {
-  request = nullptr;
+                           loom::Request& handle) {
+  handle = {};
   std::unique_lock lock(lane_->lock());
   if (closed_ || peer_gone()) [[unlikely]]
     return refuse_post("isend");
@@ -48,12 +48,20 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   }
   if (size > max_size_) [[unlikely]]
     return refuse_size(size);
-  // The common small send leaves first and is recorded after: its request's bookkeeping is
-  // not on the way of a reply. Not where a carrier may ride along (tcp;ofi_rxm's default).
-  Outgoing* const sent_first = carry_control_ || min_carrier_ != 0
-                                   ? nullptr
-                                   : inject_first(data, size, tag, registration, next_seq_);
-  const bool left = sent_first != nullptr;
+  // The common small send leaves before any bookkeeping and is done at its post: no request,
+  // nothing for a test to find (a pool of pending requests does not hold it back either).
+  if (Outgoing* sent = inject_first(data, size, tag, registration, next_seq_)) {
+    const std::uint32_t seq = next_seq_++;
+    trail_ask(asked_until_, seq);
+    sent->send = nullptr;
+    note_sent_ahead(sent, tag);
+    ahead_next_ = seq + 1;
+    handle = done_at_post(seq, size);
+    count_done_at_post(size);
+    lock.unlock();
+    kick_other_lanes();
+    return Status::kOk;
+  }
   // A clearance that came carried on the peer's last message waits in our inbox (our receiving
   // lane put it there). A message that cannot go ahead on a credit needs it now; one that can
   // leaves at once and meets its clearance at the next progress. Before this message has a
@@ -73,14 +81,8 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
               .seq = seq,
               .peer_seq = seq};
   if (registration != nullptr) hold_region(part, region);
-  // The entry inject_first claimed is where it was: nothing since claims another.
-  (left ? *sent_first : claim_outgoing(seq)).send = r;
-  if (left) {
-    note_sent_ahead(part);
-    part.delivered = size;
-    part.to(SendState::kDone);
-    ahead_next_ = seq + 1;
-  } else if (group_known(seq)) {
+  claim_outgoing(seq).send = r;
+  if (group_known(seq)) {
     part.peer_seq = place(seq, tag);
     match(*r);
   } else if (ahead_next_ == seq && credits_ != 0 && eager_fits(part.size)) [[likely]] {
@@ -91,7 +93,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
     send_ahead_waiting();  // this one too, on a credit, unless older ones wait for credits
   }
   if (!terminal(part.send)) advance(*r);
-  request = r;
+  handle = handle_of(*r);
   lock.unlock();
   // Clear-to-sends batched on our receive lanes follow this message: the peer may be waiting
   // for them to send what we wait for next, but not before this one.

@@ -18,8 +18,9 @@ class SendCommImpl final : public Comm {
  public:
   SendCommImpl(ContextCore& core, mux::Lane& lane, std::uint64_t peer);
 
+  // `handle` names the request, or is a done_at_post handle where the send finished in the call.
   Status isend(const void* data, std::size_t size, Tag tag, const MemoryRegion& region,
-               Request*& request);
+               loom::Request& handle);
 
   void on_op(Request& request, std::size_t index, const ofi::Completion& completion) override;
   void on_control(const mux::ControlHeader& header, std::span<const std::byte> body) override;
@@ -110,14 +111,20 @@ class SendCommImpl final : public Comm {
   [[nodiscard]] bool injects(std::size_t size,
                              const ofi::MemoryRegistration* registration) const noexcept;
   void post_eager(Request& request);
-  // Message `seq` leaves now, before its request is built, where post_eager would inject it
-  // bare at once: next in line, on a credit, from host memory (the caller checked that no
-  // carrier rides along). Its entry in outgoing_, claimed before it left; nullptr: it did not
-  // leave (another case, or the provider refused), and isend posts it the general way.
+  Status inject_eager(const Part& part, std::uint32_t wire_seq, bool placed);
+  // Message `seq` leaves now, with no request, where post_eager would inject it at once (with
+  // its carrier, if one rides along): next in line, on a credit, from host memory. Its entry in
+  // outgoing_, claimed before it left; nullptr: it did not leave (another case, or the provider
+  // refused), and isend posts it the general way.
   Outgoing* inject_first(const void* data, std::size_t size, Tag tag,
                          const ofi::MemoryRegistration* registration, std::uint32_t seq);
-  // What a message sent ahead on a credit leaves behind once it is out.
-  void note_sent_ahead(const Part& part);
+  // What a message sent ahead on a credit leaves behind once it is out (`outgoing`: its entry).
+  void note_sent_ahead(Outgoing* outgoing, Tag tag);
+  // A send done at its post counts as test() would have counted it.
+  void count_done_at_post(std::size_t size) noexcept {
+    ++stats_.messages;
+    stats_.bytes += size;
+  }
   // The carrier built for an inject: its length (0: none) and whether it holds the control
   // message taken (else padding alone).
   struct Carrier {

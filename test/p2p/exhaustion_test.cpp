@@ -275,20 +275,30 @@ void pool_sender(Channel& channel, std::size_t ncomms) {
   channel.barrier();
 }
 
-// ---- a refused isend sends nothing --------------------------------------------------------------
+// ---- a refused isend sends nothing; a send done at its post needs no request ----------------
 
-// A send refused for a full pool must not have left, even where a credit would let it leave at
-// once (SendCommImpl::inject_first): its buffer is the application's again, to refill. The
-// sender fills its pool with small sends that all go ahead on credits, offers one more from a
-// buffer holding a poison pattern, then refills that buffer and posts it again once there is
-// room: the receiver must see the refilled message, and nothing else, in its place.
-constexpr std::size_t kSmall = 64;
-constexpr std::size_t kRefused = kPool + 1;  // message 0, then kPool that fill the pool
+// A send refused for a full pool must not have left, even with a credit for it: its buffer is the
+// application's again, to refill. And a send the provider took whole at its post (a small inject
+// on a credit, where no carrier rides along) is done then and holds no request, so a full pool
+// does not stop it. The sender
+// fills its pool with sends above the inject size (each a send with a completion, pending until
+// tested), posts a small one past the full pool, then offers one more large one from a buffer
+// holding a poison pattern, refills that buffer and posts it again once there is room: the
+// receiver must see every message in order, the refilled one in its place, and nothing else.
+constexpr std::size_t kSmall = 64;            // injected: done at its post
+constexpr std::size_t kLarger = 96;           // above the inject size: pending until tested
+constexpr std::size_t kPastPool = kPool + 1;  // message 0, then kPool that fill the pool
+constexpr std::size_t kRefused = kPool + 2;
 constexpr std::uint64_t kPoison = 0xBAD;
+
+std::size_t refusal_size(std::size_t k) {
+  return k == 0 || k == kPastPool ? kSmall : kLarger;
+}
 
 Config refusal_config() {
   Config config = pool_config();
   config.eager_credits = 2 * kPool;  // credits to spare once the pool is full
+  config.inject_max = kSmall;
   return config;
 }
 
@@ -296,7 +306,7 @@ void refusal_receiver(Channel& channel) {
   Context context(refusal_config());
   Listener listener = context.listen();
   send_handle(channel, listener.handle());
-  std::vector<std::byte> slab((kRefused + 2) * kSmall);  // outlives the receives close() cancels
+  std::vector<std::byte> slab((kRefused + 2) * kLarger);  // outlives the receives close() cancels
   std::unique_ptr<RecvComm> comm = accept_one(listener);
   const MemoryRegion region = comm->register_memory(slab.data(), slab.size());
   CloseOnUnwind closing({comm.get()});
@@ -306,7 +316,7 @@ void refusal_receiver(Channel& channel) {
   std::deque<Request> posted;
   std::size_t next = 0;
   auto post_next = [&] {
-    RecvBuffer buffer{slab.data() + next * kSmall, kSmall, tag_of(0, next), region};
+    RecvBuffer buffer{slab.data() + next * kLarger, kLarger, tag_of(0, next), region};
     Request request;
     require(post_into(comm->irecv({&buffer, 1}), request) == Status::kOk,
             "irecv: " + comm->last_error());
@@ -318,9 +328,9 @@ void refusal_receiver(Channel& channel) {
     const std::size_t size = finish(*comm, posted.front());
     posted.pop_front();
     if (next <= kRefused + 1) post_next();
-    require(size == kSmall,
+    require(size == refusal_size(k),
             "message " + std::to_string(k) + ": " + std::to_string(size) + " bytes");
-    const std::string error = check_pattern({slab.data() + k * kSmall, kSmall}, seed_of(0, k));
+    const std::string error = check_pattern({slab.data() + k * kLarger, size}, seed_of(0, k));
     require(error.empty(), "message " + std::to_string(k) + ": " + error +
                                (k == kRefused ? " (the refused isend's bytes arrived?)" : ""));
   }
@@ -337,24 +347,34 @@ void refusal_receiver(Channel& channel) {
 void refusal_sender(Channel& channel) {
   Context context(refusal_config());
   const Handle handle = recv_handle(channel);
-  std::vector<std::byte> slab((kRefused + 1) * kSmall);
+  std::vector<std::byte> slab((kRefused + 1) * kLarger);
   std::unique_ptr<SendComm> comm = connect_one(context, handle);
   const MemoryRegion region = comm->register_memory(slab.data(), slab.size());
   CloseOnUnwind closing({comm.get()});
   auto post = [&](std::size_t k, std::uint64_t seed, Request& request) {
-    std::byte* data = slab.data() + k * kSmall;
-    fill_pattern({data, kSmall}, seed);
-    return post_into(comm->isend(data, kSmall, tag_of(0, k), region), request);
+    std::byte* data = slab.data() + k * kLarger;
+    fill_pattern({data, refusal_size(k)}, seed);
+    return post_into(comm->isend(data, refusal_size(k), tag_of(0, k), region), request);
   };
   // Nothing is posted on the other side: message 0 completes on a credit, so the grant is in.
   Request first;
   require(post(0, seed_of(0, 0), first) == Status::kOk, "isend: " + comm->last_error());
   finish(*comm, first);
   std::vector<Request> inflight;
-  for (std::size_t k = 1; k < kRefused; ++k) {
+  for (std::size_t k = 1; k < kPastPool; ++k) {
     Request request;
     require(post(k, seed_of(0, k), request) == Status::kOk, "isend: " + comm->last_error());
     inflight.push_back(request);
+  }
+  // The pool is full, yet a small send on a credit goes: done at its post, whenever tested.
+  Request past;
+  require(post(kPastPool, seed_of(0, kPastPool), past) == Status::kOk && past.valid(),
+          "a small isend on a credit past a full pool: " + comm->last_error());
+  for (int i = 0; i < 2; ++i) {
+    std::size_t sent = 0;
+    require(comm->test(past, {&sent, 1}) == Status::kOk && sent == kSmall,
+            "a send done at its post, tested: " + std::to_string(sent) +
+                " bytes: " + comm->last_error());
   }
   require(comm->stats().eager == kRefused, "every message should have gone ahead on a credit: " +
                                                std::to_string(comm->stats().eager) + " of " +
@@ -362,6 +382,8 @@ void refusal_sender(Channel& channel) {
   Request refused;
   require(post(kRefused, kPoison, refused) == Status::kRetry && !refused.valid(),
           "isend on a full pool: " + comm->last_error());
+  require(mentions(comm->last_error(), std::to_string(kPool) + " requests already in flight"),
+          "unclear refusal: " + comm->last_error());
   channel.send_value<std::uint64_t>(kRefused);
   for (const Request& request : inflight) finish(*comm, request);
   Request again;
@@ -694,8 +716,10 @@ TEST_CASE("p2p exhaustion: requests beyond the pool are refused with kRetry and 
   REQUIRE(failure.empty());
 }
 
-TEST_CASE("p2p exhaustion: an isend refused for a full pool sends nothing even on a credit",
-          "[exhaustion]") {
+TEST_CASE(
+    "p2p exhaustion: a full pool refuses an isend, which sends nothing, but not a send done at its "
+    "post",
+    "[exhaustion]") {
   auto failure = run_pair(refusal_receiver, refusal_sender);
   INFO(failure);
   REQUIRE(failure.empty());

@@ -296,6 +296,25 @@ void eager(bool inject) {
   p.finish_recv(r, {Status::kTruncated});
 }
 
+// A message that waited for a credit goes ahead, by inject, once one comes back: the receiver
+// took the messages before it and granted their credits again, and posts its buffer only after
+// (so that no clear-to-send can take it first).
+void eager_on_a_returned_credit() {
+  Config config = edge_config();
+  config.eager_credits = 2;
+  Pair p(config);
+  p.exchange(kSmall, kSmall, kTag, Status::kOk);  // the first grant
+  const Request s1 = p.isend(kSmall);
+  const Request s2 = p.isend(kSmall);
+  const Request s3 = p.isend(kSmall);  // no credit left: it waits
+  p.finish_send(s1);
+  p.finish_send(s2);
+  p.finish_recv(p.irecv(kSmall));
+  p.finish_recv(p.irecv(kSmall));
+  p.finish_send(s3);
+  p.finish_recv(p.irecv(kSmall));
+}
+
 void rendezvous() {
   Pair p(edge_config());
   p.exchange(kLarge, kLarge, kTag, Status::kOk);  // fills its buffer
@@ -612,6 +631,7 @@ TEST_CASE("p2p every legal edge of the part and ready-to-send state machines is 
   };
   run("eager", [] { eager(true); });
   run("eager by completion", [] { eager(false); });
+  run("eager on a returned credit", eager_on_a_returned_credit);
   run("rendezvous", rendezvous);
   run("grouped", grouped);
   run("flush", flush);
