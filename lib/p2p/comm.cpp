@@ -453,10 +453,8 @@ Status Comm::poll(Request& r, std::span<std::size_t> sizes, std::size_t& handled
   if (status != Status::kOk) {
     last_error_ = std::move(request->error);
   } else if (request->kind != RequestKind::kFlush) {
-    for (std::size_t i = 0; i < request->part_count; ++i) {
-      ++stats_.messages;
-      stats_.bytes += request->parts[i].delivered;
-    }
+    for (std::size_t i = 0; i < request->part_count; ++i)
+      count_message(request->parts[i].delivered);
   }
   if (request->ops_outstanding != 0) {
     // The provider still holds it: out of the pool for good, its regions held until the

@@ -333,6 +333,11 @@ class Comm : public mux::CommPort {
     return refuse_handle(handle, operation);
   }
   [[gnu::cold]] Request* refuse_handle(const loom::Request& handle, const char* operation);
+  // A send or received buffer reported done (a send done at its post counts at its post).
+  void count_message(std::size_t bytes) noexcept {
+    ++stats_.messages;
+    stats_.bytes += bytes;
+  }
   [[nodiscard]] bool is_done_at_post(const loom::Request& handle) const noexcept {
     return handle.comm_ == serial_ && (handle.index_ & kDoneAtPost) != 0;
   }

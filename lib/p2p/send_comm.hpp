@@ -120,11 +120,6 @@ class SendCommImpl final : public Comm {
                          const ofi::MemoryRegistration* registration, std::uint32_t seq);
   // What a message sent ahead on a credit leaves behind once it is out (`outgoing`: its entry).
   void note_sent_ahead(Outgoing* outgoing, Tag tag);
-  // A send done at its post counts as test() would have counted it.
-  void count_done_at_post(std::size_t size) noexcept {
-    ++stats_.messages;
-    stats_.bytes += size;
-  }
   // The carrier built for an inject: its length (0: none) and whether it holds the control
   // message taken (else padding alone).
   struct Carrier {

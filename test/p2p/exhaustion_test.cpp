@@ -279,12 +279,12 @@ void pool_sender(Channel& channel, std::size_t ncomms) {
 
 // A send refused for a full pool must not have left, even with a credit for it: its buffer is the
 // application's again, to refill. And a send the provider took whole at its post (a small inject
-// on a credit, where no carrier rides along) is done then and holds no request, so a full pool
-// does not stop it. The sender
-// fills its pool with sends above the inject size (each a send with a completion, pending until
-// tested), posts a small one past the full pool, then offers one more large one from a buffer
-// holding a poison pattern, refills that buffer and posts it again once there is room: the
-// receiver must see every message in order, the refilled one in its place, and nothing else.
+// on a credit, with its carrier where one rides along) is done then and holds no request, so a
+// full pool does not stop it. The sender fills its pool with sends above the inject size (each a
+// send with a completion, pending until tested), posts a small one past the full pool, then offers
+// one more large one from a buffer holding a poison pattern, refills that buffer and posts it again
+// once there is room: the receiver must see every message in order, the refilled one in its place,
+// and nothing else.
 constexpr std::size_t kSmall = 64;            // injected: done at its post
 constexpr std::size_t kLarger = 96;           // above the inject size: pending until tested
 constexpr std::size_t kPastPool = kPool + 1;  // message 0, then kPool that fill the pool
