@@ -71,6 +71,10 @@ struct Profile {
   // this many times LOOM_EAGER_MAX). A message sent on a credit needs no clear-to-send first;
   // without one it waits for its buffer's and is written.
   unsigned eager_credits = 16;
+  // Eager buffers one message sent ahead may fill when LOOM_EAGER_FRAGMENTS is auto: a message up
+  // to this many eager sizes goes as that many eager messages, one credit each, and needs no
+  // clear-to-send. Above 1 where the eager size is small against what a write costs.
+  unsigned eager_fragments = 1;
   // Non-zero where a send or write longer than this completes only once the peer took it and
   // the provider completes an endpoint's operations in the order they were posted (shm 1.17's
   // response queue): one to a peer that stopped taking them (dead, stopped, slow) would hold up

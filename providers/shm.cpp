@@ -85,6 +85,13 @@ constexpr unsigned kShmEagerCredits = 64;
 // busy entry); a fast write (process_vm_writev, no CQ data) completes in the call.
 constexpr std::size_t kShmInjectSize = 4096;
 
+// Eager messages stay within the inject size (above), so 8-16 KiB would otherwise take the
+// receiver's clear-to-send and the sender's two writes (its body, then the CQ data) where shm's
+// own send takes one command and the receiver's process_vm_readv. As up to four injected 4 KiB
+// eager messages each is done in the call, as any inject, and the receiver copies each while
+// the next one comes: docs/performance.md (2026-12-02) has the trips measured.
+constexpr unsigned kShmEagerFragments = 4;
+
 }  // namespace
 
 const Profile kShmProfile{
@@ -96,6 +103,7 @@ const Profile kShmProfile{
     .remove_own_stale = remove_own_stale_regions,
     .carry_control = false,
     .eager_credits = kShmEagerCredits,
+    .eager_fragments = kShmEagerFragments,
     .peer_paced_above = kShmInjectSize,
 };
 

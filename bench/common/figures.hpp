@@ -55,6 +55,7 @@ struct Figures {
 // how the messages went and what control messages they cost. All zero for one-sided runs.
 struct ProtocolCounts {
   std::uint64_t sent_ahead = 0;  // eager, on a credit
+  std::uint64_t fragmented = 0;  // of those, in several eager fragments
   std::uint64_t written = 0;     // rendezvous (RDMA write)
   std::uint64_t asks = 0;        // asks for clearance (AskClearance)
   std::uint64_t clear_to_sends = 0;

@@ -203,10 +203,11 @@ void Report::footer(const SetupFigures& setup, const ContextStats& stats,
   if (options_.one_sided()) return;
   const auto count = [](std::uint64_t n) { return static_cast<unsigned long long>(n); };
   std::printf(
-      "# protocol (this side): %llu sent ahead, %llu written; %llu asks for clearance, %llu "
-      "clear-to-sends (%llu carried), %llu control messages pushed back\n",
-      count(protocol.sent_ahead), count(protocol.written), count(protocol.asks),
-      count(protocol.clear_to_sends), count(protocol.carried), count(protocol.pushed_back));
+      "# protocol (this side): %llu sent ahead (%llu in fragments), %llu written; %llu asks for "
+      "clearance, %llu clear-to-sends (%llu carried), %llu control messages pushed back\n",
+      count(protocol.sent_ahead), count(protocol.fragmented), count(protocol.written),
+      count(protocol.asks), count(protocol.clear_to_sends), count(protocol.carried),
+      count(protocol.pushed_back));
 }
 
 void Report::write_json(const SetupFigures& setup, const ContextStats& stats,
@@ -313,6 +314,7 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats,
     document["config"]["loopback"] = options_.loopback;
   } else {
     document["protocol"] = {{"sent_ahead", protocol.sent_ahead},
+                            {"fragmented", protocol.fragmented},
                             {"written", protocol.written},
                             {"asks", protocol.asks},
                             {"clear_to_sends", protocol.clear_to_sends},

@@ -49,6 +49,7 @@ ProtocolCounts Session::protocol_counts() const {
   ProtocolCounts counts;
   const auto add = [&counts](const CommStats& stats) {
     counts.sent_ahead += stats.eager;
+    counts.fragmented += stats.eager_fragmented;
     counts.written += stats.rendezvous;
     counts.asks += stats.asks_sent;
     counts.clear_to_sends += stats.cts_sent + stats.cts_carried;

@@ -23,31 +23,32 @@ enum class CarryControl : std::uint8_t { kNever, kWhereItHelps, kAlways };
 struct Config {
   Config();
 
-  std::string provider;                   // LOOM_PROVIDER
-  std::vector<std::string> nics;          // LOOM_NICS
-  bool loopback_only{};                   // LOOM_LOOPBACK_ONLY
-  unsigned data_rails{};                  // LOOM_DATA_RAILS
-  unsigned ctrl_rails{};                  // LOOM_CTRL_RAILS
-  unsigned ngroups{};                     // LOOM_NGROUPS
-  unsigned qp_depth_multiplier{};         // LOOM_QP_DEPTH_MULTIPLIER
-  std::size_t eager_max{};                // LOOM_EAGER_MAX
-  std::optional<unsigned> eager_credits;  // LOOM_EAGER_CREDITS (none: auto, the provider's)
-  std::size_t inject_max{};               // LOOM_INJECT_MAX
-  CarryControl carry_control{};           // LOOM_CARRY_CONTROL
-  std::size_t min_stripe{};               // LOOM_MIN_STRIPE
-  std::size_t mr_cache_entries{};         // LOOM_MR_CACHE_ENTRIES
-  std::string log_level;                  // LOOM_LOG_LEVEL
-  unsigned connect_timeout_ms{};          // LOOM_CONNECT_TIMEOUT_MS
-  unsigned peer_timeout_ms{};             // LOOM_PEER_TIMEOUT_MS
-  bool progress_thread{};                 // LOOM_PROGRESS_THREAD
-  bool peer_isolation{};                  // LOOM_PEER_ISOLATION
-  bool force_flush{};                     // LOOM_FORCE_FLUSH
-  bool device_memory{};                   // LOOM_DEVICE_MEMORY
-  bool gpu_flush{};                       // LOOM_GPU_FLUSH
-  bool cuda_dmabuf{};                     // LOOM_CUDA_DMABUF
-  bool cuda_ipc{};                        // LOOM_CUDA_IPC
-  std::string topology_xml;               // LOOM_TOPOLOGY_XML
-  std::string gpu;                        // LOOM_GPU
+  std::string provider;                     // LOOM_PROVIDER
+  std::vector<std::string> nics;            // LOOM_NICS
+  bool loopback_only{};                     // LOOM_LOOPBACK_ONLY
+  unsigned data_rails{};                    // LOOM_DATA_RAILS
+  unsigned ctrl_rails{};                    // LOOM_CTRL_RAILS
+  unsigned ngroups{};                       // LOOM_NGROUPS
+  unsigned qp_depth_multiplier{};           // LOOM_QP_DEPTH_MULTIPLIER
+  std::size_t eager_max{};                  // LOOM_EAGER_MAX
+  std::optional<unsigned> eager_credits;    // LOOM_EAGER_CREDITS (none: auto, the provider's)
+  std::optional<unsigned> eager_fragments;  // LOOM_EAGER_FRAGMENTS (none: auto, the provider's)
+  std::size_t inject_max{};                 // LOOM_INJECT_MAX
+  CarryControl carry_control{};             // LOOM_CARRY_CONTROL
+  std::size_t min_stripe{};                 // LOOM_MIN_STRIPE
+  std::size_t mr_cache_entries{};           // LOOM_MR_CACHE_ENTRIES
+  std::string log_level;                    // LOOM_LOG_LEVEL
+  unsigned connect_timeout_ms{};            // LOOM_CONNECT_TIMEOUT_MS
+  unsigned peer_timeout_ms{};               // LOOM_PEER_TIMEOUT_MS
+  bool progress_thread{};                   // LOOM_PROGRESS_THREAD
+  bool peer_isolation{};                    // LOOM_PEER_ISOLATION
+  bool force_flush{};                       // LOOM_FORCE_FLUSH
+  bool device_memory{};                     // LOOM_DEVICE_MEMORY
+  bool gpu_flush{};                         // LOOM_GPU_FLUSH
+  bool cuda_dmabuf{};                       // LOOM_CUDA_DMABUF
+  bool cuda_ipc{};                          // LOOM_CUDA_IPC
+  std::string topology_xml;                 // LOOM_TOPOLOGY_XML
+  std::string gpu;                          // LOOM_GPU
 
   // Reads every LOOM_* variable; unset ones keep their defaults. Throws loom::Error naming
   // the variable and the accepted values when one is invalid, and for unknown LOOM_* names.

@@ -111,7 +111,10 @@ struct RecvBuffer {
 struct CommStats {
   std::uint64_t messages = 0;  // sends reported done (or done at their post), buffers received
   std::uint64_t bytes = 0;
-  std::uint64_t eager = 0;       // messages that went eagerly
+  std::uint64_t eager = 0;  // messages that went eagerly
+  // Of those, the ones that went ahead in several eager fragments (LOOM_EAGER_FRAGMENTS): sent,
+  // or received whole.
+  std::uint64_t eager_fragmented = 0;
   std::uint64_t rendezvous = 0;  // messages that went by RDMA write
   // A receiving communicator's clear-to-send batches: sent as control messages of their own,
   // or carried inside a message our side sent to the same peer context the other way.
@@ -227,10 +230,11 @@ class RecvComm final : public Communicator {
   // Posts 1..kMaxRecvBuffers buffers for the next as many messages: each message goes into the
   // buffer of this call whose tag is its own, whatever order they were sent in (equal tags
   // fill their buffers in send order); one whose tag no free buffer has fails (kInvalid), and
-  // one larger than its buffer fails (kTruncated), never truncated. The receive always reports
-  // it; the send too where it waited for the buffer's announcement (a message above the eager
-  // size, or one without a credit), not a small message sent ahead, whose send is done once it
-  // left, as MPI's and NCCL's are.
+  // one larger than its buffer fails (kTruncated), never truncated: none of it is copied in.
+  // The receive always reports it; the send too where it waited for the buffer's announcement
+  // (a message above what credits carry: the eager size, or LOOM_EAGER_FRAGMENTS of them; or
+  // one without credits), not a message sent ahead, whose send is done once it left, as MPI's
+  // and NCCL's are.
   Posted irecv(std::span<const RecvBuffer> buffers);
   // Makes data received into `buffers` visible to the device (GPUDirect RDMA): a small read
   // of a device buffer through each data rail. Where there is nothing to do (host memory

@@ -31,7 +31,7 @@ inline constexpr std::uint16_t kControlMagic = 0x4D4C;  // "LM"
 // the handshake with a reason before anything else is exchanged. Bump it for any change in
 // what goes on the wire or what it means, and regenerate test/fuzz/corpus (fuzz-seeds fails
 // until then).
-inline constexpr std::uint8_t kProtocolVersion = 13;
+inline constexpr std::uint8_t kProtocolVersion = 14;
 inline constexpr std::size_t kControlHeaderBytes = 8;
 inline constexpr std::size_t kMaxControlMessage = 2048;
 inline constexpr std::size_t kMaxControlBody = kMaxControlMessage - kControlHeaderBytes;

@@ -14,9 +14,13 @@ inline constexpr unsigned kCommIdBits = 16;
 inline constexpr unsigned kTagKindBits = 4;
 // The sequence field: the low kTagSeqBits of a sequence number and, above them, one bit saying
 // the message carries a control message for another lane after its payload (see
-// mux/carried_control.hpp) and one saying which sequence it names (DataTag::placed).
+// mux/carried_control.hpp), one saying which sequence it names (DataTag::placed), and the
+// message's eager fragment: its index and the count less one (kFragmentBits each).
 inline constexpr unsigned kTagSeqBits = 22;
-inline constexpr unsigned kTagSeqFieldBits = kTagSeqBits + 2;
+inline constexpr unsigned kFragmentBits = 2;
+inline constexpr unsigned kTagSeqFieldBits = kTagSeqBits + 2 + 2 * kFragmentBits;
+// The most eager fragments one message may take (p2p/eager.cpp).
+inline constexpr unsigned kMaxEagerFragments = 1u << kFragmentBits;
 inline constexpr unsigned kUsableTagBits = 48;
 static_assert(kTagKindBits + kCommIdBits + kTagSeqFieldBits <= kUsableTagBits);
 
@@ -33,6 +37,10 @@ struct DataTag {
   // message went ahead of any announcement and `seq` is its own number; a grouped receive
   // places it by tag (p2p/group.hpp).
   bool placed = false;
+  // A message longer than one eager buffer goes in `fragments` eager messages of one sequence
+  // number, fragment i with its bytes from i eager buffers' size on (p2p/eager.cpp).
+  std::uint8_t fragment = 0;
+  std::uint8_t fragments = 1;  // 1 .. kMaxEagerFragments
 };
 
 inline constexpr std::uint32_t kTagSeqMask = (1u << kTagSeqBits) - 1;
@@ -42,9 +50,15 @@ inline constexpr std::uint64_t kTagSeqFieldMask = (std::uint64_t{1} << kTagSeqFi
 inline constexpr std::uint64_t kTagCommAndSeqMask =
     (std::uint64_t{1} << (kCommIdBits + kTagSeqFieldBits)) - 1;
 
+inline constexpr unsigned kTagFragmentShift = kTagSeqBits + 2;
+inline constexpr std::uint32_t kFragmentMask = (1u << kFragmentBits) - 1;
+
 constexpr std::uint64_t encode_tag(DataTag t) {
   return (std::uint64_t{static_cast<std::uint8_t>(t.kind)} << (kCommIdBits + kTagSeqFieldBits)) |
          (std::uint64_t{t.comm} << kTagSeqFieldBits) |
+         (std::uint64_t{(t.fragments - 1u) & kFragmentMask}
+          << (kTagFragmentShift + kFragmentBits)) |
+         (std::uint64_t{t.fragment & kFragmentMask} << kTagFragmentShift) |
          (std::uint64_t{t.placed} << (kTagSeqBits + 1)) |
          (std::uint64_t{t.carrier} << kTagSeqBits) | (t.seq & kTagSeqMask);
 }
@@ -52,8 +66,13 @@ constexpr std::uint64_t encode_tag(DataTag t) {
 constexpr DataTag decode_tag(std::uint64_t tag) {
   return DataTag{
       static_cast<TagKind>((tag >> (kCommIdBits + kTagSeqFieldBits)) & ((1u << kTagKindBits) - 1)),
-      static_cast<CommId>(tag >> kTagSeqFieldBits), static_cast<std::uint32_t>(tag & kTagSeqMask),
-      ((tag >> kTagSeqBits) & 1u) != 0, ((tag >> (kTagSeqBits + 1)) & 1u) != 0};
+      static_cast<CommId>(tag >> kTagSeqFieldBits),
+      static_cast<std::uint32_t>(tag & kTagSeqMask),
+      ((tag >> kTagSeqBits) & 1u) != 0,
+      ((tag >> (kTagSeqBits + 1)) & 1u) != 0,
+      static_cast<std::uint8_t>((tag >> kTagFragmentShift) & kFragmentMask),
+      static_cast<std::uint8_t>(((tag >> (kTagFragmentShift + kFragmentBits)) & kFragmentMask) +
+                                1)};
 }
 
 // Remote CQ data of a rendezvous stripe: comm id | sequence | fills | stripe count. `fills`
@@ -98,6 +117,17 @@ static_assert(!decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0, false, true}))
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0, true})).carrier);
 static_assert(decode_tag(encode_tag({TagKind::kEager, 0xFFFF, 0, true})).kind == TagKind::kEager);
 static_assert(encode_tag({TagKind::kEager, 0xFFFF, 0xFFFFFFFF, true, true}) <
+              (1ull << kUsableTagBits));
+static_assert(
+    decode_tag(encode_tag({TagKind::kEager, 0xFFFF, 0x3FFFFF, true, true, 3, 4})).fragment == 3);
+static_assert(
+    decode_tag(encode_tag({TagKind::kEager, 0xFFFF, 0x3FFFFF, true, true, 3, 4})).fragments == 4);
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xFFFF, 0x3FFFFF, true, true, 3, 4})).seq ==
+              0x3FFFFF);
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xFFFF, 0x3FFFFF, true, true, 3, 4})).kind ==
+              TagKind::kEager);
+static_assert(decode_tag(encode_tag({TagKind::kEager, 0xBEEF, 0})).fragments == 1);
+static_assert(encode_tag({TagKind::kEager, 0xFFFF, 0xFFFFFFFF, true, true, 3, 4}) <
               (1ull << kUsableTagBits));
 static_assert(decode_immediate(encode_immediate({0x1234, 0xFFF, false, 8})).stripes == 8);
 static_assert(decode_immediate(encode_immediate({0x1234, 0xABC, true, 1})).seq == 0xABC);

@@ -114,6 +114,7 @@ Nic::Nic(InfoPtr info, NicOptions options)
   attributes_.min_carrier_bytes = profile_->min_carrier_bytes;
   attributes_.inject_writes = profile_->inject_writes;
   attributes_.eager_credits = profile_->eager_credits;
+  attributes_.eager_fragments = profile_->eager_fragments;
   attributes_.peer_paced_above = profile_->peer_paced_above;
   if (profile_->device_limits != nullptr) {
     if (auto limits = profile_->device_limits(attributes_.domain)) {

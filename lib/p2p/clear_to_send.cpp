@@ -98,7 +98,7 @@ void RecvCommImpl::announce_quiet(std::uint32_t from, std::uint32_t until) {
 }
 
 void RecvCommImpl::announce_quiet_part(Request& r, Part& part) {
-  --quiet_parts_;
+  leave_quiet(part);
   part.to(RecvState::kToAnnounce);
   announce(r);
 }
@@ -129,7 +129,7 @@ void RecvCommImpl::announce_aging_quiet() {
 // it, if the message is above the eager size (SendCommImpl's settle_late_clearances). A receiver
 // waiting on such a buffer so settles it itself.
 void RecvCommImpl::settle_late_clearances() {
-  if (quiet_parts_ == 0 || closed_ || peer_gone()) {
+  if (quiet_credits_ == 0 || closed_ || peer_gone()) {
     late_quiet_ = LateQuiet::kNone;
     return;
   }
@@ -419,7 +419,11 @@ SendCommImpl::Unasked SendCommImpl::unasked_waiting() const noexcept {
   Unasked waiting{.oldest = next_seq_};
   for (const Request& r : requests_.in_use(RequestKind::kSend)) {
     const Part& part = r.parts[0];
-    if (part.send != SendState::kAwaitingClearance || seq_before(part.seq, asked_until_)) continue;
+    // One partly sent in fragments waits for room in the provider's queue, not for an answer.
+    if (part.send != SendState::kAwaitingClearance || seq_before(part.seq, asked_until_) ||
+        part.fragments_sent != 0) {
+      continue;
+    }
     if (seq_before(part.seq, waiting.oldest)) waiting.oldest = part.seq;
     waiting.any = true;
     waiting.prompt = waiting.prompt || asks_promptly(part);

@@ -44,6 +44,7 @@ void Request::on_completion(ofi::OpContext& op, const ofi::Completion& completio
 Comm::Comm(ContextCore& core, mux::Lane& lane, mux::Direction direction, std::uint64_t peer)
     : settings_{.eager_max = core.config().eager_max,
                 .eager_credits = core.config().eager_credits,
+                .eager_fragments = core.config().eager_fragments,
                 .inject_max = core.config().inject_max,
                 .carry_control = core.config().carry_control,
                 .min_stripe = core.config().min_stripe,
@@ -143,6 +144,9 @@ void Comm::connect_peer(const LaneAddresses& peer) {
                     rails.data(0).nic().attributes().carry_control);
   inject_size_ = rails.data(0).nic().attributes().inject_size;
   min_carrier_ = rails.data(0).nic().attributes().min_carrier_bytes;
+  eager_fragments_ = std::min<std::size_t>(
+      settings_.eager_fragments.value_or(rails.data(0).nic().attributes().eager_fragments),
+      mux::kMaxEagerFragments);
   for (std::size_t i = 0; i < data_rails_; ++i) {
     peer_data_.push_back(lane_->acquire_peer(i, peer.data[i]));
     inject_max_ = std::min(inject_max_, rails.data(i).nic().attributes().inject_size);

@@ -37,6 +37,8 @@ inline constexpr unsigned kIdlePollsPerProgressAnother = 16;
 static_assert((kIdlePollsPerProgressAnother & (kIdlePollsPerProgressAnother - 1)) == 0);
 static_assert(kMaxRequests * kMaxParts <= kSeqWindow);
 static_assert(kMaxRequests <= 256, "Request::index is a byte");
+static_assert(mux::kMaxEagerFragments == 4, "LOOM_EAGER_FRAGMENTS's range (lib/util/config.cpp)");
+static_assert(mux::kMaxEagerFragments <= 8, "Part::fragments_arrived has a bit per fragment");
 // One limit under two names: the public one, and the wire's and the request's.
 static_assert(kMaxParts == kMaxRecvBuffers, "a receive request's parts are irecv's buffers");
 static_assert(kMaxOps >= kMaxParts && kMaxOps >= kMaxSendStripes,
@@ -55,7 +57,8 @@ static_assert(kSeqWindow <= (std::size_t{1} << mux::kTagSeqBits));
 // reaches back into the context.
 struct CommSettings {
   std::size_t eager_max = 0;
-  std::optional<std::size_t> eager_credits;  // none: the data rail's provider profile decides
+  std::optional<std::size_t> eager_credits;    // none: the data rail's provider profile decides
+  std::optional<std::size_t> eager_fragments;  // none: the data rail's provider profile decides
   std::size_t inject_max = 0;
   CarryControl carry_control = CarryControl::kNever;
   std::size_t min_stripe = 0;
@@ -422,6 +425,9 @@ class Comm : public mux::CommPort {
   // Profile::peer_paced_above of the data rails' provider (0 with LOOM_PEER_ISOLATION=0).
   std::size_t paced_above_;
   std::size_t eager_max_;
+  // Eager buffers one message sent ahead may fill (LOOM_EAGER_FRAGMENTS, else the profile's): the
+  // sender's most fragments, the receiver's largest quiet buffer in eager sizes.
+  std::size_t eager_fragments_ = 1;
   std::size_t inject_max_ = 0;   // eager sends up to this size are injected (no completion)
   bool inject_writes_ = true;    // writes up to inject_max_ too (every data rail's profile allows)
   std::size_t inject_size_ = 0;  // what the provider injects (a payload and a carried message)

@@ -15,6 +15,12 @@
 // An injected eager message may also carry a clear-to-send batch one of our receiving
 // communicators owes the same peer context (mux/carried_control.hpp; fill_carrier here, the
 // receiving end in on_eager).
+//
+// A message of up to LOOM_EAGER_FRAGMENTS eager sizes goes ahead as that many eager messages of
+// its sequence number (post_fragments; the tag says which fragment of how many), each injected
+// on a credit: done in the call like any inject, so isolation from a peer that stops taking
+// them holds. The receiver places fragment i at i eager sizes, copies it at once where the whole
+// message surely fits, and judges the message when its last fragment came (deliver_fragment).
 #include <array>
 #include <cassert>
 #include <cstring>
@@ -48,6 +54,11 @@ bool SendCommImpl::injects(std::size_t size,
 void SendCommImpl::post_eager(Request& r) {
   Part& part = r.parts[0];
   const bool ahead = part.send == SendState::kAwaitingClearance;
+  if (part.size > eager_size_) [[unlikely]] {
+    assert(ahead);  // match() gives a credit only to a message that fits one
+    post_fragments(r);
+    return;
+  }
   ofi::Rail& data_rail = lane_->rails().data(0);
   const bool inject = injects(part.size, part.registration);
   // Sent ahead, it names itself and the receiver places it; matched, the buffer it was placed in.
@@ -76,6 +87,45 @@ void SendCommImpl::post_eager(Request& r) {
     part.to(SendState::kFailed);
     break_off(data_rail.last_error());
   }
+}
+
+// Fragment i carries the bytes from i eager sizes on (the receiver places it from its index),
+// all of them a full eager buffer but the last. The first one to leave takes every credit the
+// message needs, so that a fragment pushed back finds its credit when it goes again.
+void SendCommImpl::post_fragments(Request& r) {
+  Part& part = r.parts[0];
+  const auto count = static_cast<std::uint8_t>((part.size + eager_size_ - 1) / eager_size_);
+  ofi::Rail& data_rail = lane_->rails().data(0);
+  while (part.fragments_sent < count) {
+    const std::size_t offset = part.fragments_sent * eager_size_;
+    const std::uint64_t wire_tag = mux::encode_tag({.kind = mux::TagKind::kEager,
+                                                    .comm = peer_id_,
+                                                    .seq = part.seq,
+                                                    .fragment = part.fragments_sent,
+                                                    .fragments = count});
+    const Status status =
+        data_rail.tagged_inject(peer_data_[0], part.data + offset,
+                                std::min(eager_size_, part.size - offset), wire_tag, part.tag);
+    if (status == Status::kRetry) {
+      retry_later(r);
+      return;
+    }
+    if (status != Status::kOk) {
+      r.fail(Status::kError, "isend: " + data_rail.last_error());
+      part.status = Status::kError;
+      part.to(SendState::kFailed);
+      break_off(data_rail.last_error());
+      return;
+    }
+    if (part.fragments_sent++ == 0) {
+      part.fragments = count;
+      note_sent_ahead(outgoing_.find(part.seq), part.tag);
+      credits_ -= count - 1u;
+      ++stats_.eager_fragmented;
+    }
+  }
+  part.delivered = part.size;
+  part.to(SendState::kDone);
 }
 
 // One eager message injected, with what a carrier takes along (none on shm: decided before any
@@ -165,16 +215,16 @@ SendCommImpl::Carrier SendCommImpl::fill_carrier(const Part& part) {
 }
 
 // New credits: the messages waiting for one go, oldest first, and only in sequence order: one
-// that must wait for its announcement (too large for a credit) holds back those after it, so
-// that the messages of a group that went ahead are its first ones (p2p/group.hpp).
+// that must wait for its announcement (too large for its credits) holds back those after it,
+// so that the messages of a group that went ahead are its first ones (p2p/group.hpp).
 void SendCommImpl::send_ahead_waiting() {
-  for (; seq_before(ahead_next_, next_seq_) && credits_ != 0; ++ahead_next_) {
+  for (; seq_before(ahead_next_, next_seq_); ++ahead_next_) {
     Request* r = posted(ahead_next_);
     if (r == nullptr || !r->in_use() || r->kind != RequestKind::kSend ||
         r->parts[0].seq != ahead_next_ || r->parts[0].send != SendState::kAwaitingClearance) {
       continue;
     }
-    if (!eager_fits(r->parts[0].size)) return;
+    if (!goes_ahead(r->parts[0])) return;
     post_eager(*r);
     if (r->parts[0].send == SendState::kAwaitingClearance) return;  // pushed back: retried
   }
@@ -207,7 +257,7 @@ void RecvCommImpl::promise_credits() {
   if (pool_ == nullptr || closed_ || peer_gone()) return;
   // Messages that came ahead of their irecvs still hold their buffers: a sender far ahead holds
   // at most LOOM_EAGER_CREDITS of the pool, however often it asks for announcements.
-  const std::size_t held = credits_out_ + credits_to_grant_ + held_.size();
+  const std::size_t held = credits_out_ + credits_to_grant_ + held_.size() + unjudged_.size();
   if (held >= max_credits_) return;
   // Topped up once half is missing, in one promise: credits go back at half anyway, and a
   // promise per message would sit on every message's path.
@@ -226,7 +276,9 @@ void RecvCommImpl::cancel_standing() {
   lanes_.remove_control_source(peer_context_, *lane_, id_);
   if (pool_ == nullptr) return;
   for (const Held& held : held_) pool_->release(held.buffer);
+  for (const Held& held : unjudged_) pool_->release(held.buffer);
   held_.clear();
+  unjudged_.clear();
   // Messages the sender sent on these may still come: they stay promised a while.
   pool_->forget(credits_out_ + credits_to_grant_);
   credits_out_ = credits_to_grant_ = 0;
@@ -251,7 +303,13 @@ void RecvCommImpl::on_eager(const mux::EagerArrival& arrival) {
   }
   std::size_t length = arrival.length;
   const std::byte* data = pool_->data(arrival.buffer);
-  if (arrival.tag.carrier) {
+  if (arrival.tag.fragments != 1) [[unlikely]] {
+    if (const char* why = fragment_error(arrival.tag, length)) {
+      pool_->release(arrival.buffer);
+      peer_lost(std::string("irecv: eager message: ") + why);
+      return;
+    }
+  } else if (arrival.tag.carrier) {
     // The control message goes to its lane whatever becomes of the payload: the peer's sender
     // there waits for it.
     mux::CarriedControl carried;
@@ -268,9 +326,15 @@ void RecvCommImpl::on_eager(const mux::EagerArrival& arrival) {
                   .length = static_cast<std::uint32_t>(length),
                   .has_tag = arrival.has_data,
                   .tag = static_cast<Tag>(arrival.data),
-                  .placed = arrival.tag.placed};
+                  .placed = arrival.tag.placed,
+                  .fragment = arrival.tag.fragment,
+                  .fragments = arrival.tag.fragments};
   if (!held.placed) {
     if (Request* group = group_of(held.seq)) {
+      if (held.fragments != 1 && held.seq - group->parts[0].seq < group->placed_ahead) {
+        deliver_placed_fragment(*group, held);
+        return;
+      }
       held_.push_back(held);
       place_ahead(*group);
       return;
@@ -283,8 +347,7 @@ void RecvCommImpl::on_eager(const mux::EagerArrival& arrival) {
     // Its irecv comes later; or it came and failed already (the sender learns it from the
     // refusal announced): the message is dropped.
     if (seq_before(held.seq, next_seq_)) {
-      pool_->release(held.buffer);
-      promise_credits();
+      release_held(held);
     } else {
       held_.push_back(held);
     }
@@ -305,22 +368,68 @@ void RecvCommImpl::on_eager(const mux::EagerArrival& arrival) {
       r->fail(Status::kError, "irecv: message " + std::to_string(part->seq) +
                                   " arrived eagerly into a buffer being written");
       fail_part(*r, *part, Status::kError);
-      pool_->release(held.buffer);
-      promise_credits();
+      release_held(held);
   }
 }
 
-// An announced part whose message the eager pool holds for us: delivered from there.
+// What post_fragments never sends: the receiver places a fragment by its index alone.
+const char* RecvCommImpl::fragment_error(const mux::DataTag& tag, std::size_t length) const {
+  if (tag.fragment >= tag.fragments) return "a fragment's index is beyond its count";
+  if (tag.carrier || tag.placed) return "a fragment is a carrier or placed";
+  if (tag.fragment + 1 == tag.fragments ? length == 0 : length != eager_size_) {
+    return "a fragment's length is not its place's";
+  }
+  return nullptr;
+}
+
+void RecvCommImpl::release_held(const Held& held) {
+  pool_->release(held.buffer);
+  promise_credits();
+}
+
+// An announced part whose message the eager pool holds for us: delivered from there, each of
+// its fragments if it came in several.
 void RecvCommImpl::deliver_held(Request& r, Part& part) {
-  for (std::size_t k = 0; k < held_.size(); ++k) {
-    if (held_[k].seq != part.seq) continue;
+  for (std::size_t k = 0; k < held_.size();) {
+    if (held_[k].seq != part.seq) {
+      ++k;
+      continue;
+    }
     assert(r.part_count == 1 || held_[k].placed);
     const Held held = held_[k];
     held_[k] = held_.back();
     held_.pop_back();
     deliver(r, part, held);
+    if (held.fragments == 1 || terminal(part.recv) || part.recv == RecvState::kArrived) return;
+  }
+}
+
+void RecvCommImpl::deliver_held_fragments(Request& r, Part& part, std::uint32_t message) {
+  for (std::size_t k = 0; k < held_.size();) {
+    if (held_[k].placed || held_[k].seq != message) {
+      ++k;
+      continue;
+    }
+    const Held held = held_[k];
+    held_[k] = held_.back();
+    held_.pop_back();
+    if (terminal(part.recv)) {
+      release_held(held);
+    } else {
+      deliver(r, part, held);
+    }
+  }
+}
+
+void RecvCommImpl::deliver_placed_fragment(Request& group, const Held& held) {
+  for (std::size_t i = 0; i < group.part_count; ++i) {
+    Part& part = group.parts[i];
+    if (part.peer_seq != held.seq || part.fragments_arrived == 0) continue;
+    if (terminal(part.recv)) break;
+    deliver(group, part, held);
     return;
   }
+  release_held(held);  // its buffer failed (the message is dropped with it)
 }
 
 Request* RecvCommImpl::group_of(std::uint32_t message) const noexcept {
@@ -335,8 +444,8 @@ Request* RecvCommImpl::group_of(std::uint32_t message) const noexcept {
 
 // The messages that came ahead into a grouped receive are its first ones (p2p/group.hpp):
 // placed in sequence order as they arrive, each by tag, the way the sender places them once it
-// learns the group. A message waits in held_ for those before it, and for its buffer's
-// announcement.
+// learns the group; a message in fragments by its first to arrive, the others follow it. A
+// message waits in held_ for those before it, and for its buffer's announcement.
 void RecvCommImpl::place_ahead(Request& r) {
   const std::uint32_t first = r.parts[0].seq;
   std::array<Tag, kMaxParts> tags{};
@@ -361,9 +470,29 @@ void RecvCommImpl::place_ahead(Request& r) {
       deliver(r, part, held);
     } else {
       // Failed before it came (its refusal was announced): the message is dropped.
-      pool_->release(held.buffer);
-      promise_credits();
+      release_held(held);
     }
+    if (held.fragments != 1) deliver_held_fragments(r, part, message);
+  }
+}
+
+// Inline: every message that arrives is copied here.
+[[gnu::always_inline]] inline void RecvCommImpl::copy_in(Request& r, Part& part, std::size_t offset,
+                                                         const Held& held) {
+  if (part.registration == nullptr || part.registration->type() == MemoryType::kHost) [[likely]] {
+    std::memcpy(part.data + offset, pool_->data(held.buffer), held.length);
+    return;
+  }
+  copy_to_device(r, part, offset, held);
+}
+
+void RecvCommImpl::copy_to_device(Request& r, Part& part, std::size_t offset, const Held& held) {
+  try {
+    util::cuda::Driver::instance().copy_to_device(part.registration->device(), part.data + offset,
+                                                  pool_->data(held.buffer), held.length);
+  } catch (const Error& e) {
+    part.status = Status::kError;
+    r.fail(Status::kError, std::string("irecv: copy into device memory: ") + e.what());
   }
 }
 
@@ -371,36 +500,85 @@ void RecvCommImpl::place_ahead(Request& r) {
 // it left); only a message that fits is copied. The buffer goes back to the pool, and the credit
 // with it. A part the sender was told of finishes once the batch announcing it left.
 void RecvCommImpl::deliver(Request& r, Part& part, const Held& held) {
+  if (held.fragments != 1) [[unlikely]] {
+    deliver_fragment(r, part, held);
+    return;
+  }
   const Announcement facts{
       .seq = part.seq, .size = part.size, .tag = part.tag, .refused = part.status != Status::kOk};
   const Tag tag = held.has_tag ? held.tag : ~part.tag;
   const Verdict verdict = judge(facts, held.length, tag);
-  if (verdict == Verdict::kFits && held.length != 0) {
-    const std::byte* data = pool_->data(held.buffer);
-    if (part.registration == nullptr || part.registration->type() == MemoryType::kHost) {
-      std::memcpy(part.data, data, held.length);
-    } else {
-      try {
-        util::cuda::Driver::instance().copy_to_device(part.registration->device(), part.data, data,
-                                                      held.length);
-      } catch (const Error& e) {
-        part.status = Status::kError;
-        r.fail(Status::kError, std::string("irecv: copy into device memory: ") + e.what());
-      }
+  if (verdict == Verdict::kFits && held.length != 0) copy_in(r, part, 0, held);
+  release_held(held);
+  settle_arrival(r, part, facts, verdict, held.length, tag);
+}
+
+// A fragment is copied into its place at once where the whole message surely fits (its size lies
+// within the last of its fragments' eager buffers), dropped where it surely does not, and held
+// for the verdict otherwise, which the last fragment to arrive brings, with the size.
+void RecvCommImpl::deliver_fragment(Request& r, Part& part, const Held& held) {
+  const auto bit = static_cast<std::uint8_t>(1u << held.fragment);
+  if (part.fragments_arrived == 0) part.fragments = held.fragments;
+  if (held.fragments != part.fragments || (part.fragments_arrived & bit) != 0) [[unlikely]] {
+    release_held(held);
+    if (part.status == Status::kOk) {
+      part.status = Status::kError;
+      r.fail(Status::kError, "irecv: message " + std::to_string(part.peer_seq) +
+                                 ": its eager fragments disagree (a count, or one twice)");
     }
+    fail_part(r, part, part.status);
+    return;
   }
+  part.fragments_arrived |= bit;
+  part.delivered += held.length;  // the message's size once all came
+  const Announcement facts{
+      .seq = part.seq, .size = part.size, .tag = part.tag, .refused = part.status != Status::kOk};
+  const Tag tag = held.has_tag ? held.tag : ~part.tag;
+  const bool surely_fits = judge(facts, part.fragments * eager_size_, tag) == Verdict::kFits;
+  const bool may_fit = judge(facts, (part.fragments - 1u) * eager_size_ + 1, tag) == Verdict::kFits;
+  if (surely_fits) {
+    copy_in(r, part, held.fragment * eager_size_, held);
+  } else if (may_fit) {
+    Held kept = held;
+    kept.seq = part.seq;
+    unjudged_.push_back(kept);
+  }
+  if (surely_fits || !may_fit) release_held(held);
+  if (part.fragments_arrived != (1u << part.fragments) - 1u) return;
+  const std::size_t length = part.delivered;
+  part.delivered = 0;
+  const Verdict verdict = judge(facts, length, tag);
+  if (!surely_fits) take_unjudged(r, part, verdict == Verdict::kFits);
+  settle_arrival(r, part, facts, verdict, length, tag);
+  if (part.status == Status::kOk) ++stats_.eager_fragmented;
+}
+
+void RecvCommImpl::take_unjudged(Request& r, Part& part, bool keep) {
+  for (std::size_t k = 0; k < unjudged_.size();) {
+    if (unjudged_[k].seq != part.seq) {
+      ++k;
+      continue;
+    }
+    const Held held = unjudged_[k];
+    unjudged_[k] = unjudged_.back();
+    unjudged_.pop_back();
+    if (keep && part.status == Status::kOk) copy_in(r, part, held.fragment * eager_size_, held);
+    release_held(held);
+  }
+}
+
+void RecvCommImpl::settle_arrival(Request& r, Part& part, const Announcement& facts,
+                                  Verdict verdict, std::size_t length, Tag tag) {
   if (verdict != Verdict::kFits && part.status == Status::kOk) {
     part.status = status_of(verdict);
-    r.fail(part.status, explain(verdict, Side::kReceiver, part.seq, facts, held.length, tag));
+    r.fail(part.status, explain(verdict, Side::kReceiver, part.seq, facts, length, tag));
   }
   if (part.status == Status::kOk) {
-    part.delivered = held.length;
+    part.delivered = length;
     ++stats_.eager;
   }
-  pool_->release(held.buffer);
-  promise_credits();
   if (part.recv == RecvState::kCleared || part.recv == RecvState::kQuiet) {
-    if (part.recv == RecvState::kQuiet) --quiet_parts_;
+    if (part.recv == RecvState::kQuiet) leave_quiet(part);
     part.to(part.status == Status::kOk ? RecvState::kDone : RecvState::kFailed);
   } else {
     part.to(RecvState::kArrived);  // reported once the batch announcing it left

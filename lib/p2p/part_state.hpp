@@ -21,7 +21,7 @@
 //
 //   kAwaitingPost --irecv--> kToAnnounce --in a clear-to-send batch--> kAnnounced
 //                \--irecv, a buffer only an eager message fills--> kQuiet
-//   kQuiet --its message came ahead: judged here--> kDone | kFailed
+//   kQuiet --its message came ahead (every fragment of it): judged here--> kDone | kFailed
 //          \--the sender asked for its announcement (AskClearance)--> kToAnnounce
 //   kAnnounced --batch left--> kCleared (a failed part: kFailed)
 //              \--its message came ahead (copied from an eager buffer)--> kArrived

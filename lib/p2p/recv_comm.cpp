@@ -190,7 +190,11 @@ void RecvCommImpl::fail_part(Request& r, Part& part, Status status) {
     return;
   }
   part.status = status;
-  if (part.recv == RecvState::kQuiet) --quiet_parts_;
+  if (part.recv == RecvState::kQuiet) leave_quiet(part);
+  if (part.fragments_arrived != 0) {  // a message in fragments, not all here
+    take_unjudged(r, part, false);
+    part.delivered = 0;
+  }
   if (r.kind == RequestKind::kFlush) {
     r.stripes = r.stripes_posted;  // no further reads; those posted complete and decide it
     if (r.ops_outstanding == 0) part.to(RecvState::kFailed);

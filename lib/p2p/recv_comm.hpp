@@ -10,6 +10,7 @@
 
 #include "p2p/comm.hpp"
 #include "p2p/seq_ring.hpp"
+#include "p2p/verdict.hpp"
 
 namespace loom::p2p {
 
@@ -76,10 +77,16 @@ class RecvCommImpl final : public Comm {
   // could not come ahead, and would ask for it, as a window of small receives deeper than the
   // credits would).
   [[nodiscard]] bool may_stay_quiet(const Request& r, const Part& part) const noexcept {
-    return r.part_count == 1 && pool_ != nullptr && part.size <= eager_size_ &&
-           part.status == Status::kOk && quiet_parts_ < credits_out_ &&
+    return r.part_count == 1 && pool_ != nullptr && part.size <= eager_size_ * eager_fragments_ &&
+           part.status == Status::kOk && quiet_credits_ + credits_for(part.size) <= credits_out_ &&
            !seq_before(part.seq, asked_until_);
   }
+  // The credits a message filling `size` bytes takes when it comes ahead: one per eager buffer.
+  [[nodiscard]] std::size_t credits_for(std::size_t size) const noexcept {
+    return size <= eager_size_ ? 1 : (size + eager_size_ - 1) / eager_size_;
+  }
+  // A part leaves kQuiet (its message came, its sender asked, or it failed).
+  void leave_quiet(const Part& part) noexcept { quiet_credits_ -= credits_for(part.size); }
   // A newly posted one-part request that may stay quiet does (delivered at once if its message
   // came ahead); false for any other, which announce_posted() takes.
   bool stay_quiet(Request& r) {
@@ -88,7 +95,9 @@ class RecvCommImpl final : public Comm {
     part.to(RecvState::kQuiet);
     // The first quiet part since none was (a ping-pong's every receive) starts the floor; one
     // posted behind others looks at their age.
-    if (quiet_parts_++ == 0) {
+    const bool first = quiet_credits_ == 0;
+    quiet_credits_ += credits_for(part.size);
+    if (first) {
       quiet_floor_ = part.seq;
     } else {
       check_quiet_age();
@@ -107,7 +116,7 @@ class RecvCommImpl final : public Comm {
   // must not leave the window its entry lives in (posted_) unsettled. Looked at by each receive
   // posted while quiet parts exist (stay_quiet, announce_posted).
   void check_quiet_age() {
-    if (quiet_parts_ != 0 && next_seq_ - quiet_floor_ > kQuietAgeLimit) [[unlikely]]
+    if (quiet_credits_ != 0 && next_seq_ - quiet_floor_ > kQuietAgeLimit) [[unlikely]]
       announce_aging_quiet();
   }
   void announce_aging_quiet();
@@ -119,7 +128,9 @@ class RecvCommImpl final : public Comm {
     std::uint32_t length = 0;
     bool has_tag = false;  // the message carried CQ data (its tag)
     Tag tag = 0;
-    bool placed = false;  // `seq` names the buffer the sender placed it in (mux::DataTag)
+    bool placed = false;        // `seq` names the buffer the sender placed it in (mux::DataTag)
+    std::uint8_t fragment = 0;  // of a message sent in several (mux::DataTag)
+    std::uint8_t fragments = 1;
   };
   void on_eager(const mux::EagerArrival& arrival) override;
   void promise_credits();
@@ -128,6 +139,28 @@ class RecvCommImpl final : public Comm {
   [[nodiscard]] Request* group_of(std::uint32_t message) const noexcept;
   void place_ahead(Request& request);
   void deliver(Request& request, Part& part, const Held& held);
+  void deliver_fragment(Request& request, Part& part, const Held& held);
+  // Every fragment of `message` held for its grouped receive, delivered into `part`, where
+  // place_ahead put the message.
+  void deliver_held_fragments(Request& request, Part& part, std::uint32_t message);
+  // A fragment for a grouped receive that placed its message already: into its part, or
+  // dropped if that part is gone (failed).
+  void deliver_placed_fragment(Request& group, const Held& held);
+  // The verdict on a message that came ahead, whole (`length` bytes, `tag`, judged against
+  // `facts`), and the part's state once it is reached.
+  void settle_arrival(Request& request, Part& part, const Announcement& facts, Verdict verdict,
+                      std::size_t length, Tag tag);
+  // The eager buffer goes back to the pool, and the credit with it.
+  void release_held(const Held& held);
+  // A message's bytes (`length` of them from the held buffer) copied to `offset` in the part's
+  // buffer; a copy into device memory that failed fails the part.
+  void copy_in(Request& request, Part& part, std::size_t offset, const Held& held);
+  [[gnu::cold]] void copy_to_device(Request& request, Part& part, std::size_t offset,
+                                    const Held& held);
+  // Fragments of the part posted with `seq` held for its verdict: copied in (`keep`) or not,
+  // and released.
+  void take_unjudged(Request& request, Part& part, bool keep);
+  [[nodiscard]] const char* fragment_error(const mux::DataTag& tag, std::size_t length) const;
   [[nodiscard]] std::uint32_t full_seq(std::uint32_t low) const noexcept;
   // rendezvous.cpp
   void on_ready_to_send(std::span<const std::byte> body);
@@ -172,7 +205,8 @@ class RecvCommImpl final : public Comm {
   std::size_t max_credits_ = 0;
   std::size_t credits_out_ = 0;
   std::size_t credits_to_grant_ = 0;
-  std::size_t quiet_parts_ = 0;  // in kQuiet: at most credits_out_ (may_stay_quiet)
+  // The credits the messages of the parts in kQuiet take: at most credits_out_ (may_stay_quiet).
+  std::size_t quiet_credits_ = 0;
   // No quiet part is older (announce_aging_quiet): the first of the quiet parts since none was,
   // or the oldest at the last scan.
   std::uint32_t quiet_floor_ = 0;
@@ -187,6 +221,9 @@ class RecvCommImpl final : public Comm {
   // sender that can send ahead takes (a ping-pong's buffers wait a round each).
   static constexpr std::chrono::milliseconds kQuietPatience{100};
   std::vector<Held> held_;
+  // Fragments of messages that may or may not fit their buffer, held until the last one tells
+  // the size; `seq` is the buffer's.
+  std::vector<Held> unjudged_;
   // What closing waits for (writes_may_arrive). kNone: no write can come. kAwaitingCount: the
   // sender was told of a buffer this side did not finish, and has not said yet how many writes
   // it posted. kCounting: it said (its close notice or its WritesPosted answer): the wait ends

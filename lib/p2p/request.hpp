@@ -101,6 +101,11 @@ struct Part {
   RecvState recv = RecvState::kAwaitingPost;       // receives and flushes
   std::uint8_t writes_expected = 0;
   std::uint8_t writes_seen = 0;
+  // A message sent ahead in several eager fragments (eager.cpp): how many it has, the sender's
+  // count of those that left, and the receiver's of those that arrived (bit i: fragment i).
+  std::uint8_t fragments = 0;
+  std::uint8_t fragments_sent = 0;
+  std::uint8_t fragments_arrived = 0;
 
   void to(SendState next) noexcept {
     assert(legal(send, next) && "illegal send state transition");

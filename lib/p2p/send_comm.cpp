@@ -66,7 +66,8 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   // lane put it there). A message that cannot go ahead on a credit needs it now; one that can
   // leaves at once and meets its clearance at the next progress. Before this message has a
   // sequence number: what the inbox holds settles only messages posted before it.
-  if (credits_ == 0 || !eager_fits(size)) lane_->drain_inbox();
+  if (const std::size_t count = fragments_for(size, registration); count == 0 || credits_ < count)
+    lane_->drain_inbox();
   Request* r = allocate(RequestKind::kSend);
   if (r == nullptr) [[unlikely]]
     return refuse_full("isend");
@@ -85,7 +86,7 @@ Status SendCommImpl::isend(const void* data, std::size_t size, Tag tag, const Me
   if (group_known(seq)) {
     part.peer_seq = place(seq, tag);
     match(*r);
-  } else if (ahead_next_ == seq && credits_ != 0 && eager_fits(part.size)) [[likely]] {
+  } else if (ahead_next_ == seq && goes_ahead(part)) [[likely]] {
     // Next in line, on a credit: send_ahead_waiting's first step, without looking it up.
     post_eager(*r);
     if (part.send != SendState::kAwaitingClearance) ahead_next_ = seq + 1;  // else pushed back
@@ -118,8 +119,8 @@ void SendCommImpl::advance(Request& r) {
       case SendState::kAwaitingClearance:
         send_ahead_waiting();  // a send ahead the provider pushed back
         // Still waiting: its buffer may be one the receiver announces only when asked.
-        if (part.send == SendState::kAwaitingClearance && asks_promptly(part) &&
-            !seq_before(part.seq, asked_until_)) {
+        if (part.send == SendState::kAwaitingClearance && part.fragments_sent == 0 &&
+            asks_promptly(part) && !seq_before(part.seq, asked_until_)) {
           defer();
         }
         break;

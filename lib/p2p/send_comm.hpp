@@ -85,13 +85,14 @@ class SendCommImpl final : public Comm {
   void ask_for_clearances();
   bool awaiting_clearance(std::uint32_t& oldest) const noexcept override;
   // Whether a message waiting for its clearance is asked for as soon as it waits. The receiver
-  // leaves only buffers within its eager size quiet (may_stay_quiet), and announces the others
-  // when they are posted: a larger message meets a quiet buffer only where it does not fit, a
-  // refusal the periodic check asks for (settle_late_clearances). An ask the receiver did not
-  // need costs a
+  // leaves only buffers a message sent ahead can fill quiet (may_stay_quiet: within its eager
+  // size, or as many of them as LOOM_EAGER_FRAGMENTS), and announces the others when they are
+  // posted: a larger message meets a quiet buffer only where it does not fit, a refusal the
+  // periodic check asks for (settle_late_clearances). An ask the receiver did not need costs a
   // stream of rendezvous sends on tcp;ofi_rxm a quarter of its bandwidth.
   [[nodiscard]] bool asks_promptly(const Part& part) const noexcept {
-    return eager_size_ == 0 || part.size <= eager_size_ || ask_scope_ == AskScope::kEveryMessage;
+    return eager_size_ == 0 || part.size <= eager_size_ * eager_fragments_ ||
+           ask_scope_ == AskScope::kEveryMessage;
   }
   void settle_late_clearances() override;
   // The messages waiting for their clearance that no ask covers yet: the oldest of them
@@ -110,7 +111,30 @@ class SendCommImpl final : public Comm {
   }
   [[nodiscard]] bool injects(std::size_t size,
                              const ofi::MemoryRegistration* registration) const noexcept;
+  // The eager messages a message of `size` goes ahead in: 1 where it fits a credit, more where it
+  // fits that many (LOOM_EAGER_FRAGMENTS, each injected: from host memory, within the inject
+  // size), 0 where it cannot go ahead.
+  [[nodiscard]] std::size_t fragments_for(
+      std::size_t size, const ofi::MemoryRegistration* registration) const noexcept {
+    if (eager_fits(size)) [[likely]]
+      return 1;
+    if (eager_fragments_ < 2 || eager_size_ == 0 || eager_size_ > eager_max_ ||
+        !injects(eager_size_, registration)) {
+      return 0;
+    }
+    const std::size_t count = (size + eager_size_ - 1) / eager_size_;
+    return count <= eager_fragments_ ? count : 0;
+  }
+  // Whether the message goes ahead now, on the credits we hold (one partly sent already has its).
+  [[nodiscard]] bool goes_ahead(const Part& part) const noexcept {
+    if (part.fragments_sent != 0) [[unlikely]]
+      return true;
+    const std::size_t count = fragments_for(part.size, part.registration);
+    return count != 0 && credits_ >= count;
+  }
   void post_eager(Request& request);
+  // A message sent ahead in several eager fragments, from the one it stopped at (back-pressure).
+  void post_fragments(Request& request);
   Status inject_eager(const Part& part, std::uint32_t wire_seq, bool placed);
   // Message `seq` leaves now, with no request, where post_eager would inject it at once (with
   // its carrier, if one rides along): next in line, on a credit, from host memory. Its entry in

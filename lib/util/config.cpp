@@ -208,6 +208,12 @@ constexpr Row kTable[] = {
     "share of them when the lane serves many peers); the rest wait for the announcement and "
     "go by RDMA write; 0 = every message waits; auto = the provider's choice (64 on shm, where "
     "a write costs the receiver more than a send; 16 elsewhere)"),
+  number_or_auto<&Config::eager_fragments, 1, 4>("LOOM_EAGER_FRAGMENTS", "auto",
+    "eager buffers one message sent ahead may fill, as that many eager messages, each on a "
+    "credit: a message up to this many times the receiver's eager size needs no "
+    "clear-to-send; 1 = one buffer (larger messages use RDMA-write rendezvous); auto = the "
+    "provider's choice (4 on shm, whose 4 KiB eager size would otherwise send 8-16 KiB "
+    "messages by clear-to-send and a write from the sender; 1 elsewhere)"),
   number<&Config::inject_max, 0, 1ull << 20>("LOOM_INJECT_MAX", "15k",
     "largest eager message sent by fi_tinjectdata (no send completion, and room for a carried "
     "clear-to-send) where the provider's inject size allows it, and largest message written by "
@@ -246,9 +252,11 @@ constexpr Row kTable[] = {
   flag<&Config::peer_isolation>("LOOM_PEER_ISOLATION", "1",
     "a peer that stops taking messages (dead, stopped) never holds up the lane's traffic with "
     "other peers; on shm, which completes an endpoint's operations above its 4 KiB inject size "
-    "in order and only once the peer took them, that keeps eager messages within 4 KiB and "
-    "writes longer ones itself (0: faster on shm at 8 KiB-1 MiB, up to 1.8x the 8 KiB rate, but "
-    "such a peer holds up every other's completions on the lane)"),
+    "in order and only once the peer took them, that keeps each eager message within 4 KiB "
+    "(up to LOOM_EAGER_FRAGMENTS of them make one message) and writes longer ones itself (0: "
+    "shm's own sends up to LOOM_EAGER_MAX and writes in one part, windows of 8 KiB-1 MiB up to "
+    "1.8x faster before eager fragments, but such a peer holds up every other's completions on "
+    "the lane)"),
   flag<&Config::force_flush>("LOOM_FORCE_FLUSH", "0",
     "run iflush's read even for host memory (tests the GPU path); the NCCL plugin then "
     "reports forceFlush 1, so that NCCL flushes every GPU receive"),

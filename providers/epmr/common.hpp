@@ -58,6 +58,9 @@ struct Knobs {
   // FI_EPMR_FAIL_RECV_EVERY: every n-th untagged receive that reposts a context the endpoint
   // has posted before fails with -FI_EAGAIN (back-pressure). 0 = never.
   size_t fail_recv_every = 0;
+  // FI_EPMR_FAIL_TINJECT_EVERY: every n-th tagged inject (fi_tinject, fi_tinjectdata) of an
+  // endpoint fails with -FI_EAGAIN (its peer's queue full, as shm says). 0 = never.
+  size_t fail_tinject_every = 0;
   // FI_EPMR_RX_CQ_DATA: report FI_RX_CQ_DATA mode and emulate it (rx_cq_data.cpp).
   bool rx_cq_data = false;
   // FI_EPMR_MAX_MSG_SIZE: report this ep_attr->max_msg_size (when below tcp;ofi_rxm's) and

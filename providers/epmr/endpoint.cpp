@@ -259,6 +259,12 @@ int Endpoint::recv_fault(void* context) noexcept {
   }
 }
 
+int Endpoint::tinject_fault() noexcept {
+  const size_t every = knobs().fail_tinject_every;
+  if (every == 0 || (tinjects_.fetch_add(1, std::memory_order_relaxed) + 1) % every != 0) return 0;
+  return refuse("fi_tinject: FI_EPMR_FAIL_TINJECT_EVERY", -FI_EAGAIN);
+}
+
 void Endpoint::recv_posted(void* context) noexcept {
   const Knobs& k = knobs();
   if (k.fail_recv_after == 0 && k.fail_recv_every == 0) return;

@@ -201,6 +201,7 @@ ssize_t tag_sendmsg(fid_ep* f, const fi_msg_tagged* msg, uint64_t flags) {
 }
 
 ssize_t tag_inject(fid_ep* f, const void* buf, size_t len, fi_addr_t dest, uint64_t tag) {
+  if (const int fault = ep_of(f).tinject_fault()) return fault;
   return fi_tinject(ep_of(f).inner(), buf, len, dest, tag);
 }
 
@@ -215,6 +216,7 @@ ssize_t tag_senddata(fid_ep* f, const void* buf, size_t len, void* desc, uint64_
 
 ssize_t tag_injectdata(fid_ep* f, const void* buf, size_t len, uint64_t data, fi_addr_t dest,
                        uint64_t tag) {
+  if (const int fault = ep_of(f).tinject_fault()) return fault;
   return fi_tinjectdata(ep_of(f).inner(), buf, len, data, dest, tag);
 }
 

@@ -92,6 +92,8 @@ class Endpoint {
   // -FI_ENOENT, as providers do for a receive they do not hold.
   int recv_fault(void* context) noexcept;
   void recv_posted(void* context) noexcept;
+  // FI_EPMR_FAIL_TINJECT_EVERY: -FI_EAGAIN for every n-th tagged inject, else 0.
+  int tinject_fault() noexcept;
   // FI_EPMR_RX_CQ_DATA: the CQ that keeps this endpoint's zero-length receives as credits for
   // remote CQ data, or nullptr.
   Cq* credit_cq() const noexcept { return credit_cq_; }
@@ -110,6 +112,7 @@ class Endpoint {
   std::unordered_set<void*> posted_;  // guarded by mutex_: contexts ever posted
   std::vector<void*> refused_;        // guarded by mutex_
   Cq* credit_cq_ = nullptr;           // set by fi_ep_bind(cq, FI_RECV) under FI_EPMR_RX_CQ_DATA
+  std::atomic<size_t> tinjects_{0};
 };
 
 // Operation tables of the endpoint data path (endpoint_datapath.cpp).

@@ -36,6 +36,9 @@ void read_knobs(fi_provider& prov) {
   fi_param_define(&prov, "fail_recv_every", FI_PARAM_SIZE_T,
                   "Test knob: every N-th untagged receive that reposts a context fails with "
                   "-FI_EAGAIN (default: 0, never)");
+  fi_param_define(&prov, "fail_tinject_every", FI_PARAM_SIZE_T,
+                  "Test knob: every N-th tagged inject of an endpoint fails with -FI_EAGAIN "
+                  "(default: 0, never)");
   fi_param_define(&prov, "rx_cq_data", FI_PARAM_BOOL,
                   "Test knob: require FI_RX_CQ_DATA: remote writes with CQ data consume a "
                   "zero-length receive and wait for one (default: no)");
@@ -48,6 +51,10 @@ void read_knobs(fi_provider& prov) {
   if (fi_param_get_size_t(&prov, "fail_recv_after", &value) == 0) g_knobs.fail_recv_after = value;
   value = 0;
   if (fi_param_get_size_t(&prov, "fail_recv_every", &value) == 0) g_knobs.fail_recv_every = value;
+  value = 0;
+  if (fi_param_get_size_t(&prov, "fail_tinject_every", &value) == 0) {
+    g_knobs.fail_tinject_every = value;
+  }
   int flag = 0;
   if (fi_param_get_bool(&prov, "rx_cq_data", &flag) == 0) g_knobs.rx_cq_data = flag != 0;
 }

@@ -261,6 +261,7 @@ py::dict comm_stats(CommState& self) {
   d["messages"] = stats.messages;
   d["bytes"] = stats.bytes;
   d["eager"] = stats.eager;
+  d["eager_fragmented"] = stats.eager_fragmented;
   d["rendezvous"] = stats.rendezvous;
   d["control_pushed_back"] = stats.control_pushed_back;
   d["lane_id"] = stats.lane_id;

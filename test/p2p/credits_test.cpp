@@ -21,10 +21,13 @@ using namespace std::chrono_literals;
 constexpr std::size_t kEagerMax = 16 * 1024;
 constexpr auto kBound = 6000ms;  // peer timeout (2 s) and the slack a loaded CI machine needs
 
-// No credits given: LOOM_EAGER_CREDITS=auto, the provider's profile decides.
+// No credits given: LOOM_EAGER_CREDITS=auto, the provider's profile decides. One eager buffer per
+// message (LOOM_EAGER_FRAGMENTS=1): the counts below are of messages on a credit each; messages
+// in several have their own tests (fragments_test.cpp).
 Config credits_config(std::optional<unsigned> credits) {
   Config config = test_config(1);
   config.eager_max = kEagerMax;
+  config.eager_fragments = 1;
   config.eager_credits = credits;
   config.peer_timeout_ms = 2000;
   return config;

@@ -176,6 +176,8 @@ std::uint64_t control_bytes_sent(const Context& context) {
 // (an empty one rides on its ready-to-send); a message above the sender's limit is written even
 // where an eager receive waits (it is cancelled). The two sides' limits differ, both ways round.
 // A written message that fills its buffer needs no ready-to-send; any other written one does.
+// One eager buffer per message (LOOM_EAGER_FRAGMENTS=1): a larger one in several is
+// fragments_test.cpp's.
 TEST_CASE("p2p messages into buffers above either side's eager limit", "[pair]") {
   struct Case {
     std::size_t message;
@@ -199,6 +201,7 @@ TEST_CASE("p2p messages into buffers above either side's eager limit", "[pair]")
     auto receiver = [&](Channel& channel) {
       Config config = test_config(1);
       config.eager_max = receiver_limit;
+      config.eager_fragments = 1;
       Context context(config);
       Listener listener = context.listen();
       send_handle(channel, listener.handle());
@@ -229,6 +232,7 @@ TEST_CASE("p2p messages into buffers above either side's eager limit", "[pair]")
     auto sender = [&](Channel& channel) {
       Config config = test_config(1);
       config.eager_max = sender_limit;
+      config.eager_fragments = 1;
       config.peer_timeout_ms = 3600000;  // no liveness pings among the counted control bytes
       Context context(config);
       auto comm = connect_one(context, recv_handle(channel));

@@ -51,7 +51,7 @@ TEST_CASE("config: every variable sets a field", "[util]") {
       {"LOOM_DEVICE_MEMORY", "0"},       {"LOOM_GPU_FLUSH", "0"},
       {"LOOM_CUDA_DMABUF", "0"},         {"LOOM_CARRY_CONTROL", "0"},
       {"LOOM_PEER_ISOLATION", "0"},      {"LOOM_CUDA_IPC", "1"},
-      {"LOOM_PROGRESS_THREAD", "0"},
+      {"LOOM_PROGRESS_THREAD", "0"},     {"LOOM_EAGER_FRAGMENTS", "2"},
   };
   const Config defaults;
   for (const auto& var : config_variables()) {
@@ -96,6 +96,10 @@ TEST_CASE("config: eager credits are a number or auto", "[util]") {
   CHECK(Config::from_values({{"LOOM_EAGER_CREDITS", "0"}}).eager_credits == 0u);
   CHECK(Config::from_values({{"LOOM_EAGER_CREDITS", "256"}}).eager_credits == 256u);
   CHECK_FALSE(Config::from_values({{"LOOM_EAGER_CREDITS", "auto"}}).eager_credits.has_value());
+  CHECK_FALSE(Config{}.eager_fragments.has_value());
+  CHECK(Config::from_values({{"LOOM_EAGER_FRAGMENTS", "4"}}).eager_fragments == 4u);
+  CHECK_THROWS(Config::from_values({{"LOOM_EAGER_FRAGMENTS", "0"}}));
+  CHECK_THROWS(Config::from_values({{"LOOM_EAGER_FRAGMENTS", "5"}}));
   CHECK_THROWS_WITH(
       Config::from_values({{"LOOM_EAGER_CREDITS", "257"}}),
       Catch::Contains("LOOM_EAGER_CREDITS=\"257\"") && Catch::Contains("[0, 256] or auto"));
