@@ -151,8 +151,9 @@ void finish_all(std::vector<Transfer>& transfers, const std::string& what) {
   }
 }
 
-// Eager, rendezvous and a size that is neither a power of two nor stripe-aligned.
-constexpr std::size_t kSizes[] = {1000, 64 * 1024 + 5, 1 << 20};
+// Eager, eager in fragments on shm (LOOM_EAGER_FRAGMENTS; written elsewhere), rendezvous and a
+// size that is neither a power of two nor stripe-aligned.
+constexpr std::size_t kSizes[] = {1000, 12000, 64 * 1024 + 5, 1 << 20};
 
 // Every message of kSizes each way between this side and its peer, all in flight at once.
 void post_exchange(std::vector<Transfer>& transfers, HubLink& link, std::size_t peer, bool hub) {
