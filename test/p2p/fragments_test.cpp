@@ -77,6 +77,24 @@ struct Sending {
   MemoryRegion region;
 };
 
+// Sends message k of `sizes` from slot k of the side's buffer, with tag tags(k) and its own
+// pattern (seed(k)), all at once, and waits for them all: sent ahead, each is done once it left.
+template <typename TagOf, typename SeedOf>
+void send_window(Sending& side, const std::vector<std::size_t>& sizes, TagOf tag_of,
+                 SeedOf seed_of_message) {
+  std::vector<Request> requests;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    std::span<std::byte> slot{side.buffer.data() + k * kSlot, sizes[k]};
+    fill_pattern(slot, seed_of_message(k));
+    Request request;
+    require(post_into(side.out->isend(slot.data(), slot.size(), tag_of(k), side.region), request) ==
+                Status::kOk,
+            side.out->last_error());
+    requests.push_back(request);
+  }
+  for (const Request& request : requests) finish(*side.out, request);
+}
+
 struct Message {
   std::size_t size;
   std::size_t buffer;
@@ -235,21 +253,14 @@ TEST_CASE("p2p a grouped receive takes messages in fragments sent in another ord
     Sending side(channel, 5 * kSlot);
     const CloseOnUnwind guard{side.out.get()};
     SendComm* out = side.out.get();
-    std::vector<std::byte>& buffer = side.buffer;
     const MemoryRegion& region = side.region;
     for (std::size_t round = 0; round < kRounds; ++round) {
       if (round % 2 == 0) require(channel.recv_value<int>() == 1, "receiver out of step");
-      std::vector<Request> requests;
-      for (std::size_t k = 0; k < sent.size(); ++k) {
-        std::span<std::byte> slot{buffer.data() + k * kSlot, sent[k].size};
-        fill_pattern(slot, seed_of(round * 10 + k));
-        Request request;
-        require(post_into(out->isend(slot.data(), slot.size(), sent[k].tag, region), request) ==
-                    Status::kOk,
-                out->last_error());
-        requests.push_back(request);
-      }
-      for (const Request& request : requests) finish(*out, request);
+      std::vector<std::size_t> sizes;
+      for (const Piece& piece : sent) sizes.push_back(piece.size);
+      send_window(
+          side, sizes, [&](std::size_t k) { return sent[k].tag; },
+          [&](std::size_t k) { return seed_of(round * 10 + k); });
       if (round % 2 == 1) channel.send_value(1);
     }
     require(out->stats().eager_fragmented != 0, "no message went in fragments");
@@ -298,19 +309,13 @@ TEST_CASE("p2p a window of messages in fragments keeps every byte", "[fragments]
     Sending side(channel, kWindow * kSlot);
     const CloseOnUnwind guard{side.out.get()};
     SendComm* out = side.out.get();
-    std::vector<std::byte>& buffer = side.buffer;
     const MemoryRegion& region = side.region;
     for (std::size_t base = 0; base < kMessages; base += kWindow) {
-      std::vector<Request> requests;
-      for (std::size_t k = 0; k < kWindow; ++k) {
-        std::span<std::byte> slot{buffer.data() + k * kSlot, size_of(base + k)};
-        fill_pattern(slot, seed_of(base + k));
-        Request request;
-        require(post_into(out->isend(slot.data(), slot.size(), 9, region), request) == Status::kOk,
-                out->last_error());
-        requests.push_back(request);
-      }
-      for (const Request& request : requests) finish(*out, request);
+      std::vector<std::size_t> sizes;
+      for (std::size_t k = 0; k < kWindow; ++k) sizes.push_back(size_of(base + k));
+      send_window(
+          side, sizes, [](std::size_t) { return Tag{9}; },
+          [&](std::size_t k) { return seed_of(base + k); });
     }
     require(out->stats().eager_fragmented != 0, "no message went in fragments");
     channel.barrier();
