@@ -24,6 +24,7 @@
 #include <array>
 #include <cassert>
 #include <cstring>
+#include <vector>
 
 #include "mux/carried_control.hpp"
 #include "ofi/memory_registration.hpp"
@@ -34,6 +35,25 @@
 #include "util/log.hpp"
 
 namespace loom::p2p {
+namespace {
+
+// Each entry of `from` that `match`es, taken out (the order is not kept) and handed to `take`,
+// until `take` says to stop (returns false).
+template <typename Entry, typename Match, typename Take>
+void take_each(std::vector<Entry>& from, Match match, Take take) {
+  for (std::size_t k = 0; k < from.size();) {
+    if (!match(from[k])) {
+      ++k;
+      continue;
+    }
+    const Entry entry = from[k];
+    from[k] = from.back();
+    from.pop_back();
+    if (!take(entry)) return;
+  }
+}
+
+}  // namespace
 
 // ---- sender ----
 
@@ -118,7 +138,6 @@ void SendCommImpl::post_fragments(Request& r) {
       return;
     }
     if (part.fragments_sent++ == 0) {
-      part.fragments = count;
       note_sent_ahead(outgoing_.find(part.seq), part.tag);
       credits_ -= count - 1u;
       ++stats_.eager_fragmented;
@@ -390,35 +409,26 @@ void RecvCommImpl::release_held(const Held& held) {
 // An announced part whose message the eager pool holds for us: delivered from there, each of
 // its fragments if it came in several.
 void RecvCommImpl::deliver_held(Request& r, Part& part) {
-  for (std::size_t k = 0; k < held_.size();) {
-    if (held_[k].seq != part.seq) {
-      ++k;
-      continue;
-    }
-    assert(r.part_count == 1 || held_[k].placed);
-    const Held held = held_[k];
-    held_[k] = held_.back();
-    held_.pop_back();
-    deliver(r, part, held);
-    if (held.fragments == 1 || terminal(part.recv) || part.recv == RecvState::kArrived) return;
-  }
+  take_each(
+      held_, [&](const Held& held) { return held.seq == part.seq; },
+      [&](const Held& held) {
+        assert(r.part_count == 1 || held.placed);
+        deliver(r, part, held);
+        return held.fragments != 1 && !terminal(part.recv) && part.recv != RecvState::kArrived;
+      });
 }
 
 void RecvCommImpl::deliver_held_fragments(Request& r, Part& part, std::uint32_t message) {
-  for (std::size_t k = 0; k < held_.size();) {
-    if (held_[k].placed || held_[k].seq != message) {
-      ++k;
-      continue;
-    }
-    const Held held = held_[k];
-    held_[k] = held_.back();
-    held_.pop_back();
-    if (terminal(part.recv)) {
-      release_held(held);
-    } else {
-      deliver(r, part, held);
-    }
-  }
+  take_each(
+      held_, [&](const Held& held) { return !held.placed && held.seq == message; },
+      [&](const Held& held) {
+        if (terminal(part.recv)) {
+          release_held(held);
+        } else {
+          deliver(r, part, held);
+        }
+        return true;
+      });
 }
 
 void RecvCommImpl::deliver_placed_fragment(Request& group, const Held& held) {
@@ -554,17 +564,13 @@ void RecvCommImpl::deliver_fragment(Request& r, Part& part, const Held& held) {
 }
 
 void RecvCommImpl::take_unjudged(Request& r, Part& part, bool keep) {
-  for (std::size_t k = 0; k < unjudged_.size();) {
-    if (unjudged_[k].seq != part.seq) {
-      ++k;
-      continue;
-    }
-    const Held held = unjudged_[k];
-    unjudged_[k] = unjudged_.back();
-    unjudged_.pop_back();
-    if (keep && part.status == Status::kOk) copy_in(r, part, held.fragment * eager_size_, held);
-    release_held(held);
-  }
+  take_each(
+      unjudged_, [&](const Held& held) { return held.seq == part.seq; },
+      [&](const Held& held) {
+        if (keep && part.status == Status::kOk) copy_in(r, part, held.fragment * eager_size_, held);
+        release_held(held);
+        return true;
+      });
 }
 
 void RecvCommImpl::settle_arrival(Request& r, Part& part, const Announcement& facts,

@@ -101,8 +101,9 @@ struct Part {
   RecvState recv = RecvState::kAwaitingPost;       // receives and flushes
   std::uint8_t writes_expected = 0;
   std::uint8_t writes_seen = 0;
-  // A message sent ahead in several eager fragments (eager.cpp): how many it has, the sender's
-  // count of those that left, and the receiver's of those that arrived (bit i: fragment i).
+  // A message sent ahead in several eager fragments (eager.cpp): how many it has (the
+  // receiver's, from the first to arrive), the sender's count of those that left, and the
+  // receiver's of those that arrived (bit i: fragment i).
   std::uint8_t fragments = 0;
   std::uint8_t fragments_sent = 0;
   std::uint8_t fragments_arrived = 0;
