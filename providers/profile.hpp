@@ -85,6 +85,10 @@ struct Profile {
   // with the CQ data. Each part is either done when it completes or handled in the order it
   // was posted on the peer's side, so the CQ data arrives after the whole stripe.
   std::size_t peer_paced_above = 0;
+  // Whether loom asks for FI_THREAD_COMPLETION with manual data progress (FI_PROGRESS_MANUAL;
+  // loom serializes each lane's endpoints and CQs and progresses them itself): rxm then drops
+  // its endpoint and CQ locks (ofi/selection.cpp, with_completion_threading).
+  bool completion_threading = false;
 };
 
 // The profile for a provider name as fi_info reports it ("verbs;ofi_rxm" -> verbs). Unknown

@@ -13,6 +13,7 @@ const Profile kTcpProfile{
     .settings = kRxmSettings,
     .min_carrier_bytes = 256,
     .inject_writes = false,
+    .completion_threading = true,
 };
 
 }  // namespace loom::providers

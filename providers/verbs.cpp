@@ -36,18 +36,20 @@ std::optional<DeviceLimits> verbs_device_limits(std::string_view domain_name) {
   ibv_free_device_list(devices);
   return limits;
 }
+constexpr auto kDeviceLimits = verbs_device_limits;
+#else
+constexpr std::optional<DeviceLimits> (*kDeviceLimits)(std::string_view) = nullptr;
 #endif
 
 }  // namespace
 
-const Profile kVerbsProfile {
-  .family = "verbs",
-  .summary = "verbs;ofi_rxm: per-connection receive buffers; device limits from rdma-core",
-  .settings = kRxmSettings,
-#if LOOM_HAVE_IBVERBS
-  .device_limits = verbs_device_limits,
-#endif
-  .inject_writes = false,  // rxm's inject copies what RDMA would write from the user's buffer
+const Profile kVerbsProfile{
+    .family = "verbs",
+    .summary = "verbs;ofi_rxm: per-connection receive buffers; device limits from rdma-core",
+    .settings = kRxmSettings,
+    .device_limits = kDeviceLimits,
+    .inject_writes = false,  // rxm's inject copies what RDMA would write from the user's buffer
+    .completion_threading = true,
 };
 
 }  // namespace loom::providers

@@ -190,21 +190,53 @@ InfoPtr single_entry(const fi_info& entry) {
   return duplicate(single);
 }
 
-// The chosen entry asked again, as it is, for an inject size of `wanted`; null if refused.
-InfoPtr granting_inject_size(const fi_info& entry, std::size_t wanted) {
+// The chosen entry asked again with what `change` alters in it: the answer's entry for the same
+// provider, domain and address format, if `granted` says it has what was asked; else null.
+template <typename Change, typename Granted>
+InfoPtr ask_again(const fi_info& entry, Change change, Granted granted) {
   InfoPtr hints = single_entry(entry);
-  hints->tx_attr->inject_size = wanted;
+  change(*hints);
   fi_info* list = nullptr;
   const int rc = fi_getinfo(api_version(), nullptr, nullptr, 0, hints.get(), &list);
   InfoPtr owner(list);
   for (const fi_info* i = rc == 0 ? list : nullptr; i != nullptr; i = i->next) {
     if (std::strcmp(provider_of(*i), provider_of(entry)) == 0 &&
         std::strcmp(domain_of(*i), domain_of(entry)) == 0 && i->addr_format == entry.addr_format &&
-        i->tx_attr != nullptr && i->tx_attr->inject_size >= wanted) {
+        granted(*i)) {
       return single_entry(*i);
     }
   }
   return nullptr;
+}
+
+// The chosen entry asked again, as it is, for an inject size of `wanted`; null if refused.
+InfoPtr granting_inject_size(const fi_info& entry, std::size_t wanted) {
+  return ask_again(
+      entry, [&](fi_info& hints) { hints.tx_attr->inject_size = wanted; },
+      [&](const fi_info& i) { return i.tx_attr != nullptr && i.tx_attr->inject_size >= wanted; });
+}
+
+// A lane's endpoints and the CQs they share are only ever used under the lane's lock (lib/mux),
+// and loom drives their progress itself: FI_THREAD_COMPLETION with FI_PROGRESS_MANUAL data
+// progress says so, and rxm (tcp;ofi_rxm, verbs;ofi_rxm) then drops its endpoint's and CQ's
+// locks from every call: six lock pairs per message on tcp. rxm grants FI_THREAD_COMPLETION only
+// with manual progress (auto progress would start a thread of its own), so the chosen entry is
+// asked again with both, where the profile says so: sockets, asked for manual progress, refuses
+// injects to a peer it has not connected to yet, and shm gains nothing (1.17 keeps its locks
+// whatever the hints). The entry as it was where the provider refuses.
+InfoPtr with_completion_threading(const fi_info& entry) {
+  if (providers::profile_for(provider_of(entry)).completion_threading &&
+      entry.domain_attr->threading != FI_THREAD_COMPLETION) {
+    InfoPtr granted = ask_again(
+        entry,
+        [](fi_info& hints) {
+          hints.domain_attr->threading = FI_THREAD_COMPLETION;
+          hints.domain_attr->data_progress = FI_PROGRESS_MANUAL;
+        },
+        [](const fi_info& i) { return i.domain_attr->threading == FI_THREAD_COMPLETION; });
+    if (granted) return granted;
+  }
+  return single_entry(entry);
 }
 
 // Providers report a small inject size unless asked for more (tcp;ofi_rxm: 64 bytes, and up
@@ -265,6 +297,8 @@ InfoPtr make_hints(const Config& config, bool device_memory) {
   hints->mode = kModes;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->mr_mode = kMrModes | (device_memory ? FI_MR_HMEM : 0);
+  // Where the provider's profile says so, the entry chosen is asked again for less
+  // (with_completion_threading).
   hints->domain_attr->threading = FI_THREAD_SAFE;
   hints->domain_attr->av_type = FI_AV_TABLE;
   if (!config.provider.empty()) hints->fabric_attr->prov_name = strdup(config.provider.c_str());
@@ -386,8 +420,9 @@ std::vector<std::unique_ptr<Nic>> open_nics(const Config& config) {
       util::log().info("NIC {} [{}]: host memory only: {}", domain_of(*c), provider,
                        options.device_memory_note);
     }
+    const InfoPtr serialized = with_completion_threading(hmem != nullptr ? *hmem : *c);
     nics.push_back(std::make_unique<Nic>(
-        with_inject_size(hmem != nullptr ? *hmem : *c,
+        with_inject_size(*serialized,
                          config.inject_max == 0 ? 0 : config.inject_max + kInjectHeadroom,
                          inject_refused),
         std::move(options)));

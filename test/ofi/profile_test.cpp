@@ -15,6 +15,7 @@
 
 #include <catch2/catch.hpp>
 #include <fcntl.h>
+#include <rdma/fabric.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -126,6 +127,21 @@ TEST_CASE("inject size: the provider is asked for LOOM_INJECT_MAX", "[profile]")
     REQUIRE_FALSE(nics.empty());
     CHECK(nics.front()->attributes().inject_size == wanted + loom::ofi::kInjectHeadroom);
   }
+}
+
+// A lane's endpoints and their CQs are only used under the lane's lock, so loom asks rxm again
+// for FI_THREAD_COMPLETION (its profile says so), and rxm then takes no lock of its own per
+// call. rxm answers FI_THREAD_SAFE unless asked for manual data progress too.
+TEST_CASE("threading: tcp;ofi_rxm grants FI_THREAD_COMPLETION with manual data progress",
+          "[profile]") {
+  loom::Config config;
+  config.provider = "tcp";
+  config.nics = {"lo"};
+  const auto nics = loom::ofi::open_nics(config);
+  REQUIRE_FALSE(nics.empty());
+  const fi_domain_attr& domain = *nics.front()->info().domain_attr;
+  CHECK(domain.threading == FI_THREAD_COMPLETION);
+  CHECK(domain.data_progress == FI_PROGRESS_MANUAL);
 }
 
 // The default asks rxm for its whole buffer (16 KiB unless FI_OFI_RXM_BUFFER_SIZE is lower).
