@@ -6,6 +6,7 @@
 // tcp;ofi_rxm and epmr too), on 64 credits so that every message can go ahead.
 #include <csignal>
 #include <cstdio>
+#include <functional>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -56,6 +57,11 @@ struct Receiving {
     region = in->register_memory(buffer.data(), buffer.size());
     receive_first(*in, buffer, region);
   }
+  // The case is over at both ends: they meet, then the buffer's registration goes.
+  void part(Channel& channel) {
+    channel.barrier();
+    in->deregister(region);
+  }
   Context context;
   Listener listener;
   std::vector<std::byte> buffer;
@@ -70,6 +76,10 @@ struct Sending {
     out = connect_one(context, recv_handle(channel));
     region = out->register_memory(buffer.data(), buffer.size());
     send_first(*out, buffer, region);
+  }
+  void part(Channel& channel) {
+    channel.barrier();
+    out->deregister(region);
   }
   Context context;
   std::vector<std::byte> buffer;
@@ -93,6 +103,14 @@ void send_window(Sending& side, const std::vector<std::size_t>& sizes, TagOf tag
     requests.push_back(request);
   }
   for (const Request& request : requests) finish(*side.out, request);
+}
+
+// Runs the two ends, the receiver in this process; fails the case with what went wrong.
+void require_pair(const std::function<void(Channel&)>& receiver,
+                  const std::function<void(Channel&)>& sender) {
+  const std::string failure = run_pair(receiver, sender);
+  INFO(failure);
+  REQUIRE(failure.empty());
 }
 
 struct Message {
@@ -169,8 +187,7 @@ TEST_CASE("p2p messages of several eager buffers go ahead in fragments, each in 
     require(stats.rendezvous == 0, std::to_string(stats.rendezvous) + " messages were written");
     require(stats.eager_fragmented == fragmented_count(true),
             std::to_string(stats.eager_fragmented) + " messages received in fragments");
-    channel.barrier();
-    in->deregister(region);
+    side.part(channel);
   };
   auto sender = [](Channel& channel) {
     Sending side(channel, kSlot);
@@ -193,12 +210,9 @@ TEST_CASE("p2p messages of several eager buffers go ahead in fragments, each in 
     require(stats.eager_fragmented == fragmented_count(false),
             std::to_string(stats.eager_fragmented) + " messages sent in fragments");
     require(stats.rendezvous == 0, std::to_string(stats.rendezvous) + " messages were written");
-    channel.barrier();
-    out->deregister(region);
+    side.part(channel);
   };
-  const std::string failure = run_pair(receiver, sender);
-  INFO(failure);
-  REQUIRE(failure.empty());
+  require_pair(receiver, sender);
 }
 
 // A grouped receive places messages that came ahead by tag (p2p/group.hpp): one in fragments by
@@ -246,14 +260,12 @@ TEST_CASE("p2p a grouped receive takes messages in fragments sent in another ord
         require(wrong.empty(), what + ": " + wrong);
       }
     }
-    channel.barrier();
-    in->deregister(region);
+    side.part(channel);
   };
   auto sender = [&](Channel& channel) {
     Sending side(channel, 5 * kSlot);
     const CloseOnUnwind guard{side.out.get()};
     SendComm* out = side.out.get();
-    const MemoryRegion& region = side.region;
     for (std::size_t round = 0; round < kRounds; ++round) {
       if (round % 2 == 0) require(channel.recv_value<int>() == 1, "receiver out of step");
       std::vector<std::size_t> sizes;
@@ -264,12 +276,9 @@ TEST_CASE("p2p a grouped receive takes messages in fragments sent in another ord
       if (round % 2 == 1) channel.send_value(1);
     }
     require(out->stats().eager_fragmented != 0, "no message went in fragments");
-    channel.barrier();
-    out->deregister(region);
+    side.part(channel);
   };
-  const std::string failure = run_pair(receiver, sender);
-  INFO(failure);
-  REQUIRE(failure.empty());
+  require_pair(receiver, sender);
 }
 
 // A window of messages in fragments among single-buffer ones, every byte checked: with
@@ -302,14 +311,12 @@ TEST_CASE("p2p a window of messages in fragments keeps every byte", "[fragments]
         require(wrong.empty(), what + ": " + wrong);
       }
     }
-    channel.barrier();
-    in->deregister(region);
+    side.part(channel);
   };
   auto sender = [&](Channel& channel) {
     Sending side(channel, kWindow * kSlot);
     const CloseOnUnwind guard{side.out.get()};
     SendComm* out = side.out.get();
-    const MemoryRegion& region = side.region;
     for (std::size_t base = 0; base < kMessages; base += kWindow) {
       std::vector<std::size_t> sizes;
       for (std::size_t k = 0; k < kWindow; ++k) sizes.push_back(size_of(base + k));
@@ -318,12 +325,9 @@ TEST_CASE("p2p a window of messages in fragments keeps every byte", "[fragments]
           [&](std::size_t k) { return seed_of(base + k); });
     }
     require(out->stats().eager_fragmented != 0, "no message went in fragments");
-    channel.barrier();
-    out->deregister(region);
+    side.part(channel);
   };
-  const std::string failure = run_pair(receiver, sender);
-  INFO(failure);
-  REQUIRE(failure.empty());
+  require_pair(receiver, sender);
 }
 
 // A sender that dies between the fragments of a message (FI_EPMR_FAIL_TINJECT_EVERY=2 in
