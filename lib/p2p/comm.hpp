@@ -39,6 +39,11 @@ static_assert(kMaxRequests * kMaxParts <= kSeqWindow);
 static_assert(kMaxRequests <= 256, "Request::index is a byte");
 static_assert(mux::kMaxEagerFragments == 4, "LOOM_EAGER_FRAGMENTS's range (lib/util/config.cpp)");
 static_assert(mux::kMaxEagerFragments <= 8, "Part::fragments_arrived has a bit per fragment");
+// The eager buffers of `eager_size` bytes a message of `size` bytes fills, one at least: its
+// credits, and its fragments where it goes ahead in several (eager.cpp).
+constexpr std::size_t eager_buffers(std::size_t size, std::size_t eager_size) noexcept {
+  return size <= eager_size ? 1 : (size + eager_size - 1) / eager_size;
+}
 // One limit under two names: the public one, and the wire's and the request's.
 static_assert(kMaxParts == kMaxRecvBuffers, "a receive request's parts are irecv's buffers");
 static_assert(kMaxOps >= kMaxParts && kMaxOps >= kMaxSendStripes,

@@ -99,13 +99,8 @@ void SendCommImpl::post_eager(Request& r) {
       ++r.ops_outstanding;
       part.to(SendState::kEagerInFlight);
     }
-  } else if (status == Status::kRetry) {
-    retry_later(r);
   } else {
-    r.fail(Status::kError, "isend: " + data_rail.last_error());
-    part.status = Status::kError;
-    part.to(SendState::kFailed);
-    break_off(data_rail.last_error());
+    break_or_retry(r, data_rail, status);
   }
 }
 
@@ -114,7 +109,7 @@ void SendCommImpl::post_eager(Request& r) {
 // message needs, so that a fragment pushed back finds its credit when it goes again.
 void SendCommImpl::post_fragments(Request& r) {
   Part& part = r.parts[0];
-  const auto count = static_cast<std::uint8_t>((part.size + eager_size_ - 1) / eager_size_);
+  const auto count = static_cast<std::uint8_t>(eager_buffers(part.size, eager_size_));
   ofi::Rail& data_rail = lane_->rails().data(0);
   while (part.fragments_sent < count) {
     const std::size_t offset = part.fragments_sent * eager_size_;
@@ -126,15 +121,8 @@ void SendCommImpl::post_fragments(Request& r) {
     const Status status =
         data_rail.tagged_inject(peer_data_[0], part.data + offset,
                                 std::min(eager_size_, part.size - offset), wire_tag, part.tag);
-    if (status == Status::kRetry) {
-      retry_later(r);
-      return;
-    }
     if (status != Status::kOk) {
-      r.fail(Status::kError, "isend: " + data_rail.last_error());
-      part.status = Status::kError;
-      part.to(SendState::kFailed);
-      break_off(data_rail.last_error());
+      break_or_retry(r, data_rail, status);
       return;
     }
     if (part.fragments_sent++ == 0) {

@@ -81,9 +81,9 @@ class RecvCommImpl final : public Comm {
            part.status == Status::kOk && quiet_credits_ + credits_for(part.size) <= credits_out_ &&
            !seq_before(part.seq, asked_until_);
   }
-  // The credits a message filling `size` bytes takes when it comes ahead: one per eager buffer.
+  // The credits a message filling `size` bytes takes when it comes ahead.
   [[nodiscard]] std::size_t credits_for(std::size_t size) const noexcept {
-    return size <= eager_size_ ? 1 : (size + eager_size_ - 1) / eager_size_;
+    return eager_buffers(size, eager_size_);
   }
   // A part leaves kQuiet (its message came, its sender asked, or it failed).
   void leave_quiet(const Part& part) noexcept { quiet_credits_ -= credits_for(part.size); }

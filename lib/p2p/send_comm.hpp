@@ -122,7 +122,7 @@ class SendCommImpl final : public Comm {
         !injects(eager_size_, registration)) {
       return 0;
     }
-    const std::size_t count = (size + eager_size_ - 1) / eager_size_;
+    const std::size_t count = eager_buffers(size, eager_size_);
     return count <= eager_fragments_ ? count : 0;
   }
   // Whether the message goes ahead now, on the credits we hold (one partly sent already has its).
