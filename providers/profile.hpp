@@ -89,6 +89,12 @@ struct Profile {
   // loom serializes each lane's endpoints and CQs and progresses them itself): rxm then drops
   // its endpoint and CQ locks (ofi/selection.cpp, with_completion_threading).
   bool completion_threading = false;
+  // Whether a lane serves one direction only (mux/lane_registry.hpp): its send and receive
+  // communicators to one peer then sit on two lanes, two sets of endpoints. Elsewhere they share
+  // one, and so the provider's connection between the two processes where it makes one per
+  // endpoint pair (rxm: a TCP socket, an RC QP). On shm there is no connection to share, and a
+  // lane for both ways read 0.81-0.88x of two lanes' window-64 4 KiB rate (docs/performance.md).
+  bool lanes_per_direction = false;
 };
 
 // The profile for a provider name as fi_info reports it ("verbs;ofi_rxm" -> verbs). Unknown

@@ -105,6 +105,7 @@ const Profile kShmProfile{
     .eager_credits = kShmEagerCredits,
     .eager_fragments = kShmEagerFragments,
     .peer_paced_above = kShmInjectSize,
+    .lanes_per_direction = true,
 };
 
 }  // namespace loom::providers

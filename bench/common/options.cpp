@@ -186,7 +186,7 @@ void check_one_sided(Options& o, const CLI::App& app, const std::string& sizes) 
 void add_shared_options(CLI::App& app, int& groups, unsigned& timeout_s,
                         const std::string& timeout_doc, std::string& json,
                         const std::string& json_doc) {
-  app.add_option("--groups", groups, "lanes per direction, shared by all peers (0: one per comm)")
+  app.add_option("--groups", groups, "lanes, shared by all peers both ways (0: one per comm)")
       ->check(CLI::Range(0, 256));
   app.add_option("--timeout", timeout_s, timeout_doc)->check(CLI::Range(1, 3600));
   app.add_option("--json", json, json_doc);

@@ -169,14 +169,15 @@ void Report::progress(std::size_t done, std::size_t total) const {
 
 void Report::footer(const SetupFigures& setup, const ContextStats& stats,
                     const ProtocolCounts& protocol) const {
-  std::size_t registrations = 0, send_lanes = 0, recv_lanes = 0;
+  std::size_t registrations = 0, send_comms = 0, recv_comms = 0;
   std::uint64_t hits = 0, misses = 0;
   std::map<std::string, std::uint64_t> per_rail;  // "data 0 on lo" -> bytes
   for (const auto& lane : stats.lanes) {
     registrations += lane.registrations;
     hits += lane.registrations_shared;
     misses += lane.registrations_made;
-    ++(lane.send ? send_lanes : recv_lanes);
+    send_comms += lane.send_comms;
+    recv_comms += lane.recv_comms;
     std::size_t data = 0, control = 0;
     for (const auto& rail : lane.rails) {
       const std::string name =
@@ -189,7 +190,8 @@ void Report::footer(const SetupFigures& setup, const ContextStats& stats,
               setup.median_connect_us, options_.comms);
   std::printf("# memory: %.0f KiB per communicator (RSS growth over the %zu this process holds)\n",
               setup.memory_per_comm_kib, setup.comms_held);
-  std::printf("# lanes: %zu send, %zu receive; endpoints per NIC:", send_lanes, recv_lanes);
+  std::printf("# lanes: %zu (%zu send, %zu receive communicators); endpoints per NIC:",
+              stats.lanes.size(), send_comms, recv_comms);
   for (const auto& [nic, count] : stats.endpoints_per_nic)
     std::printf(" %s=%zu", nic.c_str(), count);
   std::printf("\n# registrations: %zu (fid_mr) held, MR cache %llu hits / %llu misses\n",
@@ -270,12 +272,11 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats,
                        {"latency_p50_us", f.p50_us},
                        {"latency_p99_us", f.p99_us}});
   }
-  std::uint64_t registrations = 0, registered_bytes = 0, endpoints = 0, send_lanes = 0;
+  std::uint64_t registrations = 0, registered_bytes = 0, endpoints = 0;
   for (const auto& lane : stats.lanes) {
     registrations += lane.registrations;
     registered_bytes += lane.registered_bytes;
     endpoints += lane.endpoints;
-    send_lanes += lane.send ? 1 : 0;
   }
   json document = {{"tool", "fi_p2p_bw"},
                    {"config",
@@ -301,8 +302,7 @@ void Report::write_json(const SetupFigures& setup, const ContextStats& stats,
                      {"registrations", registrations},
                      {"registered_bytes", registered_bytes},
                      {"lane_endpoints", endpoints},
-                     {"send_lanes", send_lanes},
-                     {"receive_lanes", stats.lanes.size() - send_lanes}}},
+                     {"lanes", stats.lanes.size()}}},
                    {"results", records}};
   if (options_.one_sided()) {
     const bool notified = options_.op == Op::kWrite && options_.notify;

@@ -311,6 +311,9 @@ struct NicDescription {
   // provider takes less in one transfer or completes longer sends only once the peer took them
   // (shm: 4 KiB, so that a peer that stops cannot hold up the others' completions).
   std::size_t eager_max = 0;
+  // Whether a lane through this NIC serves one direction only (shm), so that the send and
+  // receive communicators to one peer hold two lanes; elsewhere they share one (LaneDescription).
+  bool lanes_per_direction = false;
 };
 
 struct RailDescription {
@@ -321,11 +324,15 @@ struct RailDescription {
   std::uint64_t bytes_read = 0;     // RMA reads (flushes)
 };
 
+// A lane serves communicators of both directions (one-sided ones too), but on providers that keep
+// lanes per direction (NicDescription::lanes_per_direction): a send communicator and the receive
+// communicator from the same peer share one, and so one provider connection.
 struct LaneDescription {
   std::uint64_t id = 0;
-  bool send = false;
   std::size_t peers = 0;  // in the lane's address vectors: the peers its communicators reach
   std::size_t comms = 0;
+  std::size_t send_comms = 0;  // of them, sending (two-sided send, one-sided initiator)
+  std::size_t recv_comms = 0;  // receiving (two-sided receive, one-sided target)
   std::size_t retired = 0;  // closed communicators kept until the provider returns their operations
   std::size_t endpoints = 0;
   std::size_t registrations = 0;  // fid_mr objects (per endpoint under FI_MR_ENDPOINT)
@@ -335,12 +342,13 @@ struct LaneDescription {
   // The context's regions (Context::register_memory) registered on this lane: those its
   // communicators used.
   std::size_t context_regions = 0;
-  // Control messages for this lane's communicators that rode inside a data message to another
-  // of this process's lanes (LOOM_CARRY_CONTROL) instead of arriving on its control rails.
+  // Control messages for this lane's communicators that rode inside a data message from the
+  // peer's send communicator (LOOM_CARRY_CONTROL) instead of arriving on its control rails.
   std::uint64_t carried_control = 0;
-  // Receive lanes: the eager buffers of the lane's pool (README, Protocols), and how many of
-  // them are posted to the provider now (receive-queue entries of data rail 0's endpoint):
-  // about the credits its communicators hold, not the whole pool.
+  // The eager buffers of the lane's pool (README, Protocols; opened by its first receive
+  // communicator that grants credits), and how many of them are posted to the provider now
+  // (receive-queue entries of data rail 0's endpoint): about the credits its communicators hold,
+  // not the whole pool.
   std::size_t eager_buffers = 0;
   std::size_t eager_buffers_posted = 0;
   std::vector<RailDescription> rails;

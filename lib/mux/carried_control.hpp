@@ -1,11 +1,10 @@
-// Control messages that ride on data messages. A process's send and receive communicators to
-// one peer sit on different lanes (lanes are per direction), yet in a ping-pong each message
-// one way is answered by one the other way: the clear-to-send our receive communicator owes
-// the peer's sender can travel inside the eager message our send communicator is about to
-// inject towards the peer, instead of costing a message (and, on tcp, four system calls) of
-// its own. The eager tag's carrier bit (routing.hpp) says one is there; after the payload come
-// the control message, header and all, and a trailer naming the lane it is for on the
-// receiving host:
+// Control messages that ride on data messages. A control message goes on a lane's control rails,
+// apart from its data; yet in a ping-pong each message one way is answered by one the other
+// way: the clear-to-send our receive communicator owes the peer's sender can travel inside the
+// eager message our send communicator (on the same lane, or another one) is about to inject
+// towards the peer, instead of costing a message (and, on tcp, four system calls) of its own. The
+// eager tag's carrier bit (routing.hpp) says one is there; after the payload come the control
+// message, header and all, and a trailer naming the lane it is for on the receiving host:
 //
 //   payload | control header + body | padding | target lane id (u64) | control length (u16) |
 //   padding length (u16) | magic (u16)

@@ -1,4 +1,4 @@
-// The eager buffers of a receive lane, shared by all its communicators whatever their peers.
+// The eager buffers of a lane, shared by all its receiving communicators whatever their peers.
 // A message a sender sends ahead on a credit lands in any of them (the receives match every
 // comm id); the tag's comm id says whose it is, the lane hands it to that communicator, which
 // holds the buffer until the receive for the message is posted and then gives it back. A

@@ -1,5 +1,6 @@
 // A lane: one rail set (data + control endpoints with their CQs, AVs and posted control
-// buffers) shared by the communicators of one direction whose rails sit on the same NICs,
+// buffers) shared by the communicators (of both directions, but on shm) whose rails sit on the
+// same NICs,
 // whatever their peers: libfabric's RDM endpoints reach any peer through the AV, so a process's
 // endpoints do not grow with its peers. Each peer is in the lane's AVs once, for as long as a
 // communicator to it lives. Completions reach the right communicator by context (own
@@ -16,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -34,11 +36,12 @@ namespace loom::mux {
 
 enum class Direction : std::uint8_t { kSend, kRecv };
 
-// Where a lane's rails are and which group it is: the communicators with equal keys share it.
+// Where a lane's rails are, which group it is and, where its provider keeps lanes per direction
+// (providers/profile.hpp), which direction: the communicators with equal keys share it.
 struct LaneKey {
   std::vector<ofi::Nic*> data;  // the NIC of each data rail
   std::vector<ofi::Nic*> control;
-  Direction direction = Direction::kSend;
+  std::optional<Direction> direction;  // nullopt: the lane serves both
   // The group index (LaneRegistry), or a number of its own when grouping is off.
   std::uint64_t group = 0;
   auto operator<=>(const LaneKey&) const = default;
@@ -211,8 +214,8 @@ class Lane final : ofi::RemoteWriteHandler, ControlSink, EagerArrivalSink {
   // rather than one per peer.
   [[nodiscard]] std::vector<std::byte>& carrier_buffer() noexcept { return carrier_buffer_; }
 
-  // The receive lane's eager buffers, opened by its first communicator that sends ahead: up to
-  // `wanted` of `buffer_size` bytes (the same for every communicator of the lane), leaving a
+  // The lane's eager buffers, opened by its first receiving communicator that grants credits: up
+  // to `wanted` of `buffer_size` bytes (the same for every communicator of the lane), leaving a
   // quarter of data rail 0's receive queue free of them (see the README's Protocols section).
   // Throws loom::Error.
   EagerPool& eager_pool(std::size_t buffer_size, std::size_t wanted);

@@ -61,7 +61,9 @@ Lane& LaneRegistry::join(std::uint64_t peer, Direction direction,
   // lie above any group index (ngroups <= 256).
   const std::uint64_t group = ngroups_ == 0 ? (std::uint64_t{1} << 63) + next_private_group_++
                                             : (comms.first_group + ordinal) % ngroups_;
-  LaneKey key{placement.data, placement.control, direction, group};
+  const bool one_way = placement.data.front()->attributes().lanes_per_direction;
+  LaneKey key{placement.data, placement.control, one_way ? std::optional(direction) : std::nullopt,
+              group};
   auto [it, opened] = lanes_.try_emplace(std::move(key));
   Entry& entry = it->second;
   if (opened) {
@@ -83,11 +85,11 @@ Lane& LaneRegistry::join(std::uint64_t peer, Direction direction,
   }
   ++comms.ordinals[static_cast<std::size_t>(direction)];
   ++comms.open;
-  ++entry.references;
+  ++entry.references[static_cast<std::size_t>(direction)];
   return *entry.lane;
 }
 
-void LaneRegistry::leave(Lane& lane, std::uint64_t peer) {
+void LaneRegistry::leave(Lane& lane, std::uint64_t peer, Direction direction) {
   std::unique_ptr<Lane> closing;
   {
     std::lock_guard lock(mutex_);
@@ -97,7 +99,9 @@ void LaneRegistry::leave(Lane& lane, std::uint64_t peer) {
       util::log().error("lane registry: leave() for a lane it does not hold ({})", lane.id());
       return;
     }
-    if (--it->second.references != 0) return;
+    std::size_t(&references)[2] = it->second.references;
+    --references[static_cast<std::size_t>(direction)];
+    if (references[0] + references[1] != 0) return;
     closing = std::move(it->second.lane);
     lanes_.erase(it);
     std::erase(order_, closing.get());
@@ -231,7 +235,8 @@ void LaneRegistry::remove_control_source(std::uint64_t peer, const Lane& lane, C
   });
 }
 
-std::size_t LaneRegistry::take_carried_control(std::uint64_t peer, std::span<std::byte> out,
+std::size_t LaneRegistry::take_carried_control(const Lane& held, std::uint64_t peer,
+                                               std::span<std::byte> out,
                                                std::uint64_t& target_lane) {
   // A communicator that owes a control message has deferred it to its lane's next progress
   // (p2p: announce, promise_credits, a batch pushed back): with no lane's work deferred, none
@@ -243,8 +248,11 @@ std::size_t LaneRegistry::take_carried_control(std::uint64_t peer, std::span<std
   const auto [first, last] = std::equal_range(sources_.begin(), sources_.end(), peer, ByPeer{});
   for (auto it = first; it != last; ++it) {
     const ControlSource& source = *it;
-    std::unique_lock lane_lock(source.lane->lock(), std::try_to_lock);
-    if (!lane_lock.owns_lock()) continue;
+    std::unique_lock<util::SpinLock> lane_lock;
+    if (source.lane != &held) {
+      lane_lock = std::unique_lock(source.lane->lock(), std::try_to_lock);
+      if (!lane_lock.owns_lock()) continue;
+    }
     if (const std::size_t n = source.lane->take_carried_control(source.comm, out, target_lane))
       return n;
   }
@@ -310,9 +318,8 @@ RegistryStats LaneRegistry::stats() const {
     std::lock_guard lane_lock(lane.lock());
     const LaneStats lane_stats = lane.stats();
     LaneSummary summary{.id = lane.id(),
-                        .direction = key.direction,
                         .peers = lane.peers(),
-                        .comms = entry.references,
+                        .comms = {entry.references[0], entry.references[1]},
                         .retired = lane_stats.retired,
                         .carried_control = lane_stats.carried_control,
                         .eager_buffers = lane_stats.eager_buffers,

@@ -1,8 +1,12 @@
-// N:m grouping: the communicators of one direction whose rails sit on the same NICs share m
-// lanes, whatever their peers. A communicator's group is its ordinal to its peer (in its
-// direction) mod m, so one peer's communicators spread over the m lanes as NCCL's channels do;
-// the first one in a group opens the lane, the others take a reference. m == 0 turns sharing
-// off (a lane per communicator) for comparison.
+// N:m grouping: the communicators whose rails sit on the same NICs share m lanes, whatever their
+// peers, and in both directions unless the provider keeps lanes per direction (shm; providers/
+// profile.hpp). A communicator's group is its ordinal to its peer (in its direction) mod m, so
+// one peer's communicators spread over the m lanes as NCCL's channels do, and a send
+// communicator and the receive communicator of the same ordinal share a lane: their endpoints,
+// and so the provider's connection between the two processes (tcp: one socket whose messages
+// carry the other way's acknowledgements, rather than one each way with acknowledgements of
+// their own; verbs: one RC QP). The first one in a group opens the lane, the others take a
+// reference. m == 0 turns sharing off (a lane per communicator) for comparison.
 //
 // Background progress. With manual progress a lane moves only while its process calls in, yet
 // its peers rely on it moving while the application does something else: pings must be
@@ -46,9 +50,9 @@ struct RailSummary {
 
 struct LaneSummary {
   std::uint64_t id;
-  Direction direction;
-  std::size_t peers;                 // in the lane's AVs
-  std::size_t comms;                 // communicators holding the lane (attached or draining)
+  std::size_t peers;  // in the lane's AVs
+  // Communicators holding the lane (attached or draining), by Direction.
+  std::size_t comms[2];
   std::size_t retired;               // closed ones the lane keeps until their operations drain
   std::uint64_t carried_control;     // control messages that came through its inbox
   std::size_t eager_buffers;         // its eager pool's
@@ -92,9 +96,9 @@ class LaneRegistry {
   // group whose rails are where `placement` puts them, opened if there is none. Throws
   // loom::Error if a lane cannot open.
   Lane& join(std::uint64_t peer, Direction direction, const ofi::RailPlacement& placement);
-  // A communicator to `peer` is gone from `lane` for good; the last one out closes it, at once
-  // when it is quiescent, else in the background (see above).
-  void leave(Lane& lane, std::uint64_t peer);
+  // A communicator to `peer` in `direction` is gone from `lane` for good; the last one out
+  // closes it, at once when it is quiescent, else in the background (see above).
+  void leave(Lane& lane, std::uint64_t peer, Direction direction);
 
   // The context deregistered its region {slot, generation}: every lane, closing ones included,
   // lets go of its registration (at once, or with the last request part that uses it). First
@@ -110,9 +114,9 @@ class LaneRegistry {
 
   // Progresses one lane other than `busy`, round robin, if neither the registry nor that lane
   // is held by another thread. With manual progress a peer's request can depend on any of our
-  // lanes (our receive lane must run for our peer's send to finish while we wait on our own
-  // send), so every test() also gives the other lanes a turn; try_lock keeps threads that drive
-  // their own lanes from ever waiting on each other.
+  // lanes (the lane of another group must run for our peer's send to finish while we wait on
+  // our own send), so every test() also gives the other lanes a turn; try_lock keeps threads that
+  // drive their own lanes from ever waiting on each other.
   void progress_another(const Lane& busy);
 
   // Whether some lane holds deferred work (batched control messages, posts held back) for its
@@ -136,13 +140,14 @@ class LaneRegistry {
   // Carried control (carried_control.hpp). A receiving communicator offers the control
   // messages it owes its peer context to the sends towards that context (add_control_source,
   // under its lane's lock, until remove_control_source); a sending communicator, under its own
-  // lane's lock, takes one of them to ride on the message it is about to inject: the bytes
-  // written to `out`, 0 when none is due or the lanes involved are busy (try_lock: two lanes'
-  // locks are never waited for together). The receiving side posts what it strips from a
-  // carrier to the lane named in its trailer; a lane that is gone drops it.
+  // lane's lock (`held`), takes one of them to ride on the message it is about to inject: the
+  // bytes written to `out`, 0 when none is due or the lanes involved are busy (try_lock: two
+  // lanes' locks are never waited for together; a source on `held` itself needs none). The
+  // receiving side posts what it strips from a carrier to the lane named in its trailer; a lane
+  // that is gone drops it.
   void add_control_source(std::uint64_t peer, Lane& lane, CommId comm);
   void remove_control_source(std::uint64_t peer, const Lane& lane, CommId comm);
-  std::size_t take_carried_control(std::uint64_t peer, std::span<std::byte> out,
+  std::size_t take_carried_control(const Lane& held, std::uint64_t peer, std::span<std::byte> out,
                                    std::uint64_t& target_lane);
   void post_carried(std::uint64_t lane, std::span<const std::byte> message);
 
@@ -153,7 +158,7 @@ class LaneRegistry {
  private:
   struct Entry {
     std::unique_ptr<Lane> lane;
-    std::size_t references = 0;
+    std::size_t references[2] = {0, 0};  // communicators holding it, by Direction
   };
   // A peer's communicators so far in each direction (their groups), and those open now: the
   // entry goes with the peer's last communicator.

@@ -116,6 +116,7 @@ Nic::Nic(InfoPtr info, NicOptions options)
   attributes_.eager_credits = profile_->eager_credits;
   attributes_.eager_fragments = profile_->eager_fragments;
   attributes_.peer_paced_above = profile_->peer_paced_above;
+  attributes_.lanes_per_direction = profile_->lanes_per_direction;
   if (profile_->device_limits != nullptr) {
     if (auto limits = profile_->device_limits(attributes_.domain)) {
       if (limits->max_endpoints != 0) attributes_.max_endpoints = limits->max_endpoints;

@@ -46,6 +46,7 @@ struct NicAttributes {
   unsigned eager_credits = 16;        // the provider profile's (LOOM_EAGER_CREDITS=auto)
   unsigned eager_fragments = 1;       // the provider profile's (LOOM_EAGER_FRAGMENTS=auto)
   std::size_t peer_paced_above = 0;   // the provider profile's
+  bool lanes_per_direction = false;   // the provider profile's
   std::uint64_t link_speed_bps = 0;   // nic->link_attr->speed where the provider reports it; 0: not
   std::size_t max_tx_depth = 0;
   std::size_t max_rx_depth = 0;

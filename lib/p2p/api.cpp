@@ -224,7 +224,8 @@ std::vector<NicDescription> Context::nics() const {
          .link_speed_mbps = a.link_speed_bps / 1'000'000,
          .max_message_size = p2p::max_message_size(a.max_msg_size),
          .eager_max = p2p::eager_limit(core_->config().eager_max, a.max_msg_size,
-                                       core_->config().peer_isolation ? a.peer_paced_above : 0)});
+                                       core_->config().peer_isolation ? a.peer_paced_above : 0),
+         .lanes_per_direction = a.lanes_per_direction});
   }
   return out;
 }
@@ -237,9 +238,10 @@ ContextStats Context::stats() const {
   for (const auto& lane : registry.lanes) {
     LaneDescription description{
         .id = lane.id,
-        .send = lane.direction == mux::Direction::kSend,
         .peers = lane.peers,
-        .comms = lane.comms,
+        .comms = lane.comms[0] + lane.comms[1],
+        .send_comms = lane.comms[static_cast<std::size_t>(mux::Direction::kSend)],
+        .recv_comms = lane.comms[static_cast<std::size_t>(mux::Direction::kRecv)],
         .retired = lane.retired,
         .endpoints = lane.endpoints,
         .registrations = lane.registration_table.registrations + lane.shared_region_registrations,

@@ -120,6 +120,7 @@ void Comm::close(std::unique_ptr<Comm> self) {
   // The caller (loom::Communicator, or the handshake) keeps the context alive past leave().
   mux::LaneRegistry& lanes = self->lanes_;
   const std::uint64_t peer = self->peer_context_;
+  const mux::Direction direction = self->direction_;
   if (!drained) {
     util::log().info(
         "communicator {} on lane {} closed with operations towards a lost peer in flight; the "
@@ -129,7 +130,7 @@ void Comm::close(std::unique_ptr<Comm> self) {
     lane.retire(std::move(self));
   }
   self.reset();
-  lanes.leave(lane, peer);
+  lanes.leave(lane, peer, direction);
 }
 
 // Tells the peer how far we got, so that what arrived stays delivered over there. The first

@@ -193,8 +193,8 @@ SendCommImpl::Carrier SendCommImpl::fill_carrier(const Part& part) {
     const std::size_t room =
         std::min(limit - part.size - mux::kCarrierTrailerBytes, mux::kMaxCarriedControl);
     if (carried_length_ == 0) {
-      carried_length_ =
-          lanes_.take_carried_control(peer_context_, {held_control_.data(), room}, carried_lane_);
+      carried_length_ = lanes_.take_carried_control(*lane_, peer_context_,
+                                                    {held_control_.data(), room}, carried_lane_);
     }
     // One held from a larger room waits for a smaller payload.
     if (carried_length_ <= room) control = carried_length_;

@@ -16,13 +16,15 @@ namespace {
 
 constexpr std::size_t kHandshakeBytes = mux::kMaxControlBody;
 
-// Makes a communicator of type T on `lane`, leaving the lane again if that fails.
+// Makes a communicator of type T on `lane`, which it joined in `direction`, leaving the lane
+// again if that fails.
 template <typename T>
-std::unique_ptr<Comm> make_comm(ContextCore& core, mux::Lane& lane, std::uint64_t peer) {
+std::unique_ptr<Comm> make_comm(ContextCore& core, mux::Lane& lane, std::uint64_t peer,
+                                mux::Direction direction) {
   try {
     return std::make_unique<T>(core, lane, peer);
   } catch (...) {
-    core.lanes().leave(lane, peer);
+    core.lanes().leave(lane, peer, direction);
     throw;
   }
 }
@@ -157,8 +159,8 @@ std::unique_ptr<Comm> ListenerState::accept_kind(ConnectionKind kind) {
         core_->lanes().join(message.context, mux::Direction::kRecv,
                             placement_facing(core_->nics(), core_->lanes(), message.lane));
     comm = kind == ConnectionKind::kTwoSided
-               ? make_comm<RecvCommImpl>(*core_, lane, message.context)
-               : make_comm<RmaTargetImpl>(*core_, lane, message.context);
+               ? make_comm<RecvCommImpl>(*core_, lane, message.context, mux::Direction::kRecv)
+               : make_comm<RmaTargetImpl>(*core_, lane, message.context, mux::Direction::kRecv);
     comm->connect_peer(message.lane);
     comm->set_label(message.label);
     AcceptMessage accept{
@@ -229,9 +231,10 @@ std::unique_ptr<Comm> ConnectorState::poll_comm() {
     try {
       mux::Lane& lane =
           core_->lanes().join(target_.context, mux::Direction::kSend, route_.placement);
-      comm_ = kind_ == ConnectionKind::kTwoSided
-                  ? make_comm<SendCommImpl>(*core_, lane, target_.context)
-                  : make_comm<RmaInitiatorImpl>(*core_, lane, target_.context);
+      comm_ =
+          kind_ == ConnectionKind::kTwoSided
+              ? make_comm<SendCommImpl>(*core_, lane, target_.context, mux::Direction::kSend)
+              : make_comm<RmaInitiatorImpl>(*core_, lane, target_.context, mux::Direction::kSend);
       comm_->set_label(label_);
       const std::span<const std::byte> listener = target_.addresses[route_.address];
       // The answer comes back to the bootstrap rail the connect leaves from.

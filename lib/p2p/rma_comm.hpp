@@ -1,6 +1,6 @@
 // One-sided connections, both ends (rma_comm.cpp): the initiator's batches of writes and reads,
 // and the notification a write batch carries to its target. They join the context's lanes as
-// communicators do (initiator on a send lane, target on a receive lane), so they add no
+// communicators do (an initiator as a sending one, a target as a receiving one), so they add no
 // endpoints, and share the communicators' liveness, close notices and request handles.
 //
 // The notification rule: every write goes with FI_DELIVERY_COMPLETE, so its completion means its

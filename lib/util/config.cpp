@@ -193,9 +193,10 @@ constexpr Row kTable[] = {
   number<&Config::ctrl_rails, 1, 4>("LOOM_CTRL_RAILS", "1",
     "control rails (endpoints carrying handshakes and clear-to-send) per lane"),
   number<&Config::ngroups, 0, 256>("LOOM_NGROUPS", "1",
-    "lanes (endpoint groups) per direction shared by the communicators to all peers on the same "
-    "NICs; peers start at successive lanes and each peer's communicators go round from there; "
-    "0 = one lane per communicator"),
+    "lanes (endpoint groups) shared by the communicators to and from all peers on the same "
+    "NICs (on shm: that many each way); peers start at successive lanes and each peer's "
+    "communicators go round from there, its n-th send and n-th receive communicator on the same "
+    "lane; 0 = one lane per communicator"),
   number<&Config::qp_depth_multiplier, 1, 64>("LOOM_QP_DEPTH_MULTIPLIER", "1",
     "scales queue depths of shared lanes; clamped to the provider's limits"),
   number<&Config::eager_max, 0, 1ull << 24>("LOOM_EAGER_MAX", "16k",

@@ -52,8 +52,8 @@ TEST_CASE("mux a lane's own deferred work does not send its posts to the other l
     CHECK(sender.runs() == 1);
     CHECK_FALSE(registry.any_deferred());
   }
-  registry.leave(send, kPeer);
-  registry.leave(recv, kPeer);
+  registry.leave(send, kPeer, mux::Direction::kSend);
+  registry.leave(recv, kPeer, mux::Direction::kRecv);
 }
 
 }  // namespace

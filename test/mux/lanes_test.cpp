@@ -1,4 +1,4 @@
-// N:m grouping across two processes: 64 communicators share exactly m = 4 lanes per direction,
+// N:m grouping across two processes: 64 communicators share exactly m = 4 lanes on each side,
 // all move verified data at once, and closing them in random order while the others keep
 // sending frees each lane's endpoints when its last communicator leaves.
 #include <algorithm>
@@ -39,10 +39,12 @@ std::string provider_family(const Context& context) {
   return name.substr(0, name.find(';'));
 }
 
+// Lanes with communicators of one direction (each side of this test has only one).
 std::size_t lanes(const Context& context, bool send) {
   const auto stats = context.stats();
-  return static_cast<std::size_t>(std::count_if(stats.lanes.begin(), stats.lanes.end(),
-                                                [&](const auto& l) { return l.send == send; }));
+  return static_cast<std::size_t>(
+      std::count_if(stats.lanes.begin(), stats.lanes.end(),
+                    [&](const auto& l) { return (send ? l.send_comms : l.recv_comms) != 0; }));
 }
 
 // Endpoints loom reports for its lanes.
@@ -182,7 +184,7 @@ void sender(Channel& channel) {
 
 }  // namespace
 
-TEST_CASE("mux 64 communicators share 4 lanes per direction and close in random order", "[pair]") {
+TEST_CASE("mux 64 communicators share 4 lanes and close in random order", "[pair]") {
   auto failure = run_pair(receiver, sender, 600s);
   INFO(failure);
   REQUIRE(failure.empty());

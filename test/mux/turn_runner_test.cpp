@@ -32,8 +32,8 @@ std::size_t threads_added(const std::vector<ofi::Nic*>& nics, mux::TurnRunner ru
   mux::Lane& send = registry.join(kPeer, mux::Direction::kSend, registry.default_placement());
   mux::Lane& recv = registry.join(kPeer, mux::Direction::kRecv, registry.default_placement());
   const std::size_t added = threads_now() - before;
-  registry.leave(send, kPeer);
-  registry.leave(recv, kPeer);
+  registry.leave(send, kPeer, mux::Direction::kSend);
+  registry.leave(recv, kPeer, mux::Direction::kRecv);
   return added;
 }
 
@@ -70,8 +70,8 @@ TEST_CASE("mux without a progress thread the callers run the turn once an idle p
     registry.run_due_turn();
     CHECK(receiver.runs() == 2);
   }
-  registry.leave(send, kPeer);
-  registry.leave(recv, kPeer);
+  registry.leave(send, kPeer, mux::Direction::kSend);
+  registry.leave(recv, kPeer, mux::Direction::kRecv);
 }
 
 }  // namespace

@@ -225,7 +225,7 @@ TEST_CASE("p2p a receive lane posts eager buffers for its credits and not its wh
     const ContextStats stats = context.stats();
     bool found = false;
     for (const LaneDescription& lane : stats.lanes) {
-      if (lane.send) continue;
+      if (lane.recv_comms == 0) continue;
       found = true;
       require(lane.eager_buffers == std::size_t{4} * kCredits,
               "pool of " + std::to_string(lane.eager_buffers) + " buffers");
@@ -264,7 +264,7 @@ TEST_CASE("p2p a receive lane posts eager buffers for its credits and not its wh
 // A receiving communicator whose promise found the lane's pool dry waits for credits, and gets
 // them when buffers come back, not only at its next batch: its sender may have messages
 // waiting that no receive will announce soon (posted ahead of their receives). One process,
-// five communicators each way on one lane pair, 4 credits (a pool of 16): the first four take
+// five communicators each way on one lane, 4 credits (a pool of 16): the first four take
 // the whole pool, the fifth's sender posts a message while none is left and asks for it in
 // vain; then messages on two of the first come and go, and their buffers must reach the fifth.
 TEST_CASE("p2p a communicator that found the pool dry gets credits when buffers come back",

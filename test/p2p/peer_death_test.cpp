@@ -550,7 +550,7 @@ struct Traffic {
 Traffic traffic(const Context& context) {
   Traffic t;
   for (const auto& lane : context.stats().lanes) {
-    if (!lane.send) continue;
+    if (lane.send_comms == 0) continue;
     for (const auto& rail : lane.rails) {
       if (!rail.data) continue;
       t.sent += rail.bytes_sent;

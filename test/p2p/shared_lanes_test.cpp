@@ -163,13 +163,20 @@ void post_exchange(std::vector<Transfer>& transfers, HubLink& link, std::size_t 
   }
 }
 
+// The one lane holding this side's communicators of one direction: where the provider keeps
+// lanes per direction (shm) the send and the receive ones are two lanes, elsewhere one.
 const LaneDescription& only_lane(const ContextStats& stats, bool send) {
-  const auto count = std::count_if(stats.lanes.begin(), stats.lanes.end(),
-                                   [&](const LaneDescription& l) { return l.send == send; });
-  require(count == 1, std::to_string(count) + (send ? " send" : " receive") +
-                          " lanes, expected one shared by every peer");
-  return *std::find_if(stats.lanes.begin(), stats.lanes.end(),
-                       [&](const LaneDescription& l) { return l.send == send; });
+  const auto holds = [&](const LaneDescription& l) {
+    return (send ? l.send_comms : l.recv_comms) != 0;
+  };
+  const auto count = std::count_if(stats.lanes.begin(), stats.lanes.end(), holds);
+  require(count == 1, std::to_string(count) + " lanes with " + (send ? "send" : "receive") +
+                          " communicators, expected one shared by every peer");
+  return *std::find_if(stats.lanes.begin(), stats.lanes.end(), holds);
+}
+
+std::size_t lanes_per_group(const Context& context) {
+  return context.nics().front().lanes_per_direction ? 2 : 1;
 }
 
 std::uint64_t bytes_written(const Context& context) {
@@ -205,14 +212,14 @@ void peer_exchanges(Channel& channel, std::size_t index) {
 // The hub's side of the exchange cases: links each peer, hands the context's stats to `check`
 // once all are linked, then a verified message each way with every peer.
 void hub_exchanges(const Config& config, std::span<Channel> channels,
-                   const std::function<void(const ContextStats&)>& check) {
+                   const std::function<void(const Context&)>& check) {
   Context context(config);
   Listener listener = context.listen();
   std::vector<Transfer> transfers;
   std::vector<HubLink> links;
   for (Channel& channel : channels) links.push_back(link_peer(context, listener, channel));
   start_together(channels);
-  check(context.stats());
+  check(context);
   for (std::size_t p = 0; p < links.size(); ++p) post_exchange(transfers, links[p], p, true);
   finish_all(transfers, "the hub's messages");
   for (Channel& channel : channels) channel.barrier();
@@ -224,47 +231,64 @@ void check_everyone_done(const StarOutcome& outcome) {
   for (const std::string& peer : outcome.peers) CHECK(peer.empty());
 }
 
-TEST_CASE("p2p shared lanes: the hub's communicators to 4 peers share one lane each way",
+// The communicators to and from a peer share the lane too (but where the provider keeps lanes
+// per direction): one provider connection between two processes, whose messages one way carry
+// the acknowledgements of the other (tcp).
+TEST_CASE("p2p shared lanes: the hub's communicators to and from 4 peers share one lane",
           "[shared-lanes]") {
   constexpr std::size_t kPeers = 4;
   const auto hub = [&](std::span<Channel> channels) {
-    hub_exchanges(calm_config(), channels, [&](const ContextStats& stats) {
-      require(only_lane(stats, true).peers == kPeers, "the send lane does not hold every peer");
-      require(only_lane(stats, false).peers == kPeers, "the receive lane does not hold every peer");
-      require(only_lane(stats, true).comms == kPeers, "send lane communicators");
-      require(endpoints(stats) == 4, std::to_string(endpoints(stats)) +
-                                         " endpoints, expected 4 (data + control, each way)");
+    hub_exchanges(calm_config(), channels, [&](const Context& context) {
+      const ContextStats stats = context.stats();
+      const std::size_t lanes = lanes_per_group(context);
+      const LaneDescription& sending = only_lane(stats, true);
+      const LaneDescription& receiving = only_lane(stats, false);
+      require(sending.peers == kPeers && receiving.peers == kPeers,
+              "the lanes do not hold every peer");
+      require(sending.send_comms == kPeers && receiving.recv_comms == kPeers,
+              std::to_string(sending.send_comms) + " send and " +
+                  std::to_string(receiving.recv_comms) + " receive communicators, expected " +
+                  std::to_string(kPeers) + " of each");
+      require((&sending == &receiving) == (lanes == 1),
+              lanes == 1 ? "the send and receive communicators sit on two lanes"
+                         : "one lane serves both directions where lanes are per direction");
+      require(stats.lanes.size() == lanes, std::to_string(stats.lanes.size()) + " lanes");
+      require(endpoints(stats) == 2 * lanes,
+              std::to_string(endpoints(stats)) + " endpoints, expected data + control per lane");
     });
   };
   check_everyone_done(run_star(hub, peer_exchanges, kPeers));
 }
 
 // LOOM_NGROUPS spreads peers, not only one peer's communicators: with 2 groups the hub's 4
-// peers take 2 lanes each way, 2 peers on each (on shm every peer writing into a lane takes
-// that lane's one queue lock), and the endpoints stay those of 2 lanes whatever the peers.
-TEST_CASE("p2p shared lanes: with 2 groups the hub's 4 peers spread over 2 lanes each way",
+// peers take 2 lanes (2 each way on shm), 2 peers on each (on shm every peer writing into a
+// lane takes that lane's one queue lock), each peer's send and receive communicator on the same
+// one (but on shm), and the endpoints stay those of those lanes whatever the peers.
+TEST_CASE("p2p shared lanes: with 2 groups the hub's 4 peers spread over 2 lanes",
           "[shared-lanes]") {
   constexpr std::size_t kPeers = 4;
   constexpr unsigned kGroups = 2;
   const auto hub = [&](std::span<Channel> channels) {
     Config config = calm_config();
     config.ngroups = kGroups;
-    hub_exchanges(config, channels, [&](const ContextStats& stats) {
-      for (const bool send : {true, false}) {
-        std::size_t lanes = 0;
-        for (const auto& lane : stats.lanes) {
-          if (lane.send != send) continue;
-          ++lanes;
-          require(lane.peers == kPeers / kGroups && lane.comms == kPeers / kGroups,
-                  std::string(send ? "send" : "receive") + " lane " + std::to_string(lane.id) +
-                      " holds " + std::to_string(lane.peers) + " peers, " +
-                      std::to_string(lane.comms) + " communicators; expected 2 of each");
-        }
-        require(lanes == kGroups, std::to_string(lanes) + (send ? " send" : " receive") +
-                                      " lanes, expected " + std::to_string(kGroups));
+    hub_exchanges(config, channels, [&](const Context& context) {
+      const ContextStats stats = context.stats();
+      const bool one_way = lanes_per_group(context) == 2;
+      constexpr std::size_t kEach = kPeers / kGroups;
+      for (const auto& lane : stats.lanes) {
+        const bool holds = one_way ? (lane.send_comms == 0) != (lane.recv_comms == 0) &&
+                                         lane.send_comms + lane.recv_comms == kEach
+                                   : lane.send_comms == kEach && lane.recv_comms == kEach;
+        require(lane.peers == kEach && holds,
+                "lane " + std::to_string(lane.id) + " holds " + std::to_string(lane.peers) +
+                    " peers, " + std::to_string(lane.send_comms) + " send and " +
+                    std::to_string(lane.recv_comms) + " receive communicators");
       }
-      require(endpoints(stats) == 4 * kGroups,
-              std::to_string(endpoints(stats)) + " endpoints, expected 8 (2 lanes each way)");
+      const std::size_t lanes = kGroups * lanes_per_group(context);
+      require(stats.lanes.size() == lanes,
+              std::to_string(stats.lanes.size()) + " lanes, expected " + std::to_string(lanes));
+      require(endpoints(stats) == 2 * lanes,
+              std::to_string(endpoints(stats)) + " endpoints, expected 2 per lane");
     });
   };
   check_everyone_done(run_star(hub, peer_exchanges, kPeers));
@@ -618,7 +642,7 @@ TEST_CASE("p2p shared lanes: every peer of a crowded lane gets eager credits", "
 }
 
 // ---- Isolation at scale ----
-// A hub and 16 peers on one lane each way. After warm-up rounds with all of them, peer 0 dies
+// A hub and 16 peers on one lane. After warm-up rounds with all of them, peer 0 dies
 // while its 64 MiB message to the hub is being written (the hub's 16 MiB to it waits for a
 // receive that never comes), and peer 1 stops (SIGSTOP) right after posting a receive for the
 // hub's 1 MiB message, whose write the hub then posts: on shm that write is a command the

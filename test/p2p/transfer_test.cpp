@@ -159,12 +159,12 @@ TEST_CASE("p2p 1000 messages of random sizes and tags in a window of 64 keep ord
   REQUIRE(failure.empty());
 }
 
-// Bytes the context's send lanes put on their control rails (ready-to-sends, asks for
+// Bytes the context's sending lanes put on their control rails (ready-to-sends, asks for
 // clearance, pings, closes).
 std::uint64_t control_bytes_sent(const Context& context) {
   std::uint64_t bytes = 0;
   for (const auto& lane : context.stats().lanes) {
-    if (!lane.send) continue;
+    if (lane.send_comms == 0) continue;
     for (const auto& rail : lane.rails)
       if (!rail.data) bytes += rail.bytes_sent;
   }

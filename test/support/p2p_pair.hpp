@@ -131,11 +131,11 @@ inline std::size_t finish(Communicator& comm, Request request, Status expect = S
   return size;
 }
 
-// Bytes read (iflush's reads) by each data rail of this process's receive lanes.
+// Bytes read (iflush's reads) by each data rail of this process's lanes that receive.
 inline std::vector<std::uint64_t> data_rail_reads(const Context& context) {
   std::vector<std::uint64_t> reads;
   for (const auto& lane : context.stats().lanes) {
-    if (lane.send) continue;
+    if (lane.recv_comms == 0) continue;
     for (const auto& rail : lane.rails)
       if (rail.data) reads.push_back(rail.bytes_read);
   }
