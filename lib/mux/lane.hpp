@@ -1,11 +1,10 @@
 // A lane: one rail set (data + control endpoints with their CQs, AVs and posted control
 // buffers) shared by the communicators (of both directions, but on shm) whose rails sit on the
-// same NICs,
-// whatever their peers: libfabric's RDM endpoints reach any peer through the AV, so a process's
-// endpoints do not grow with its peers. Each peer is in the lane's AVs once, for as long as a
-// communicator to it lives. Completions reach the right communicator by context (own
+// same NICs, whatever their peers: libfabric's RDM endpoints reach any peer through the AV, so a
+// process's endpoints do not grow with its peers. Each peer is in the lane's AVs once, for as
+// long as a communicator to it lives. Completions reach the right communicator by context (own
 // operations), by the comm id in remote CQ data (RMA writes) or in the control header (control
-// messages); comm ids are the lane's, unique across its peers. A comm id carries a generation
+// messages); comm ids are the lane's, unique across its peers and directions. A comm id carries a generation
 // (see attach()): traffic for a closed communicator is dropped even once its slot serves another.
 #pragma once
 

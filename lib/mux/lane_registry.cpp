@@ -99,7 +99,7 @@ void LaneRegistry::leave(Lane& lane, std::uint64_t peer, Direction direction) {
       util::log().error("lane registry: leave() for a lane it does not hold ({})", lane.id());
       return;
     }
-    std::size_t(&references)[2] = it->second.references;
+    auto& references = it->second.references;
     --references[static_cast<std::size_t>(direction)];
     if (references[0] + references[1] != 0) return;
     closing = std::move(it->second.lane);
