@@ -11,7 +11,6 @@ const Profile kTcpProfile{
     .family = "tcp",
     .summary = "tcp;ofi_rxm: domains are interfaces; pin one with LOOM_NICS (e.g. lo for tests)",
     .settings = kRxmSettings,
-    .min_carrier_bytes = 256,
     .inject_writes = false,
     .completion_threading = true,
 };
