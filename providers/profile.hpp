@@ -56,12 +56,6 @@ struct Profile {
   // than the carrier's bookkeeping, which lies on the round trip's path while a message of its
   // own leaves after the data and off it (shm: a copy into shared memory, no system call).
   bool carry_control = true;
-  // A message that carries control is padded to at least this many bytes (0: never; no profile
-  // pads today). tcp;ofi_rxm had 256 while a pair's two directions went on two rxm connections,
-  // where carriers below about 200 bytes arrived a microsecond later than larger ones; on one
-  // connection unpadded ones are the faster (docs/performance.md, 2026-12-02, twenty-third
-  // session).
-  std::size_t min_carrier_bytes = 0;
   // Whether a write that fits the inject size goes by fi_inject_writedata (no send completion).
   // Off where the provider copies an inject into a buffer of its own that a write from the
   // registered buffer would not need: rxm above its core provider's inject size (128 bytes on

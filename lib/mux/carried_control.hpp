@@ -9,9 +9,9 @@
 //   payload | control header + body | padding | target lane id (u64) | control length (u16) |
 //   padding length (u16) | magic (u16)
 //
-// Padding (zeros, up to kMaxCarrierPadding) is for providers that deliver small messages slower
-// than larger ones (providers/profile.hpp, min_carrier_bytes): there a small message with no
-// control message to carry is still a carrier, of padding alone (control length 0).
+// Padding (zeros, up to kMaxCarrierPadding) was for providers that deliver small messages slower
+// than larger ones; loom sends none now (tcp's need went with its second connection per pair,
+// docs/performance.md), but the field stays in the format and a receiver still strips it.
 //
 // The receiving communicator strips it and posts it to the target lane's inbox
 // (LaneRegistry::post_carried); that lane dispatches it like one from its control rails.

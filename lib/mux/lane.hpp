@@ -4,8 +4,9 @@
 // process's endpoints do not grow with its peers. Each peer is in the lane's AVs once, for as
 // long as a communicator to it lives. Completions reach the right communicator by context (own
 // operations), by the comm id in remote CQ data (RMA writes) or in the control header (control
-// messages); comm ids are the lane's, unique across its peers and directions. A comm id carries a generation
-// (see attach()): traffic for a closed communicator is dropped even once its slot serves another.
+// messages); comm ids are the lane's, unique across its peers and directions. A comm id carries a
+// generation (see attach()): traffic for a closed communicator is dropped even once its slot serves
+// another.
 #pragma once
 
 #include <algorithm>

@@ -111,7 +111,6 @@ Nic::Nic(InfoPtr info, NicOptions options)
   // Every inject (data and control messages) then goes as a send with a completion.
   if (!profile_->no_inject.empty()) attributes_.inject_size = 0;
   attributes_.carry_control = profile_->carry_control;
-  attributes_.min_carrier_bytes = profile_->min_carrier_bytes;
   attributes_.inject_writes = profile_->inject_writes;
   attributes_.eager_credits = profile_->eager_credits;
   attributes_.eager_fragments = profile_->eager_fragments;

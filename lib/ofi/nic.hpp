@@ -40,14 +40,13 @@ struct NicAttributes {
   // Writes up to this size land in the target's memory in the order they were posted
   // (FI_ORDER_WAW in msg_order with max_order_waw_size; SIZE_MAX: any size); 0: no such order.
   std::size_t ordered_write_bytes = 0;
-  bool carry_control = true;          // the provider profile's (providers/profile.hpp)
-  std::size_t min_carrier_bytes = 0;  // the provider profile's
-  bool inject_writes = true;          // the provider profile's
-  unsigned eager_credits = 16;        // the provider profile's (LOOM_EAGER_CREDITS=auto)
-  unsigned eager_fragments = 1;       // the provider profile's (LOOM_EAGER_FRAGMENTS=auto)
-  std::size_t peer_paced_above = 0;   // the provider profile's
-  bool lanes_per_direction = false;   // the provider profile's
-  std::uint64_t link_speed_bps = 0;   // nic->link_attr->speed where the provider reports it; 0: not
+  bool carry_control = true;         // the provider profile's (providers/profile.hpp)
+  bool inject_writes = true;         // the provider profile's
+  unsigned eager_credits = 16;       // the provider profile's (LOOM_EAGER_CREDITS=auto)
+  unsigned eager_fragments = 1;      // the provider profile's (LOOM_EAGER_FRAGMENTS=auto)
+  std::size_t peer_paced_above = 0;  // the provider profile's
+  bool lanes_per_direction = false;  // the provider profile's
+  std::uint64_t link_speed_bps = 0;  // nic->link_attr->speed where the provider reports it; 0: not
   std::size_t max_tx_depth = 0;
   std::size_t max_rx_depth = 0;
   std::size_t max_endpoints = 0;

@@ -143,7 +143,6 @@ void Comm::connect_peer(const LaneAddresses& peer) {
                    (settings_.carry_control == CarryControl::kWhereItHelps &&
                     rails.data(0).nic().attributes().carry_control);
   inject_size_ = rails.data(0).nic().attributes().inject_size;
-  min_carrier_ = rails.data(0).nic().attributes().min_carrier_bytes;
   eager_fragments_ = std::min<std::size_t>(
       settings_.eager_fragments.value_or(rails.data(0).nic().attributes().eager_fragments),
       mux::kMaxEagerFragments);

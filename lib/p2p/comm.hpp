@@ -437,7 +437,6 @@ class Comm : public mux::CommPort {
   bool inject_writes_ = true;    // writes up to inject_max_ too (every data rail's profile allows)
   std::size_t inject_size_ = 0;  // what the provider injects (a payload and a carried message)
   bool carry_control_ = false;   // sends carry control messages (LOOM_CARRY_CONTROL, profile)
-  std::size_t min_carrier_ = 0;  // a carrier is padded to this many bytes (provider profile)
   bool closed_ = false;
   PeerState peer_ = PeerState::kConnected;
   std::string peer_gone_;  // why, once peer_ is not kConnected

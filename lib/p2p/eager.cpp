@@ -138,16 +138,15 @@ void SendCommImpl::post_fragments(Request& r) {
 // One eager message injected, with what a carrier takes along (none on shm: decided before any
 // call or sum). A control message taken for a carrier pushed back stays held for the next.
 Status SendCommImpl::inject_eager(const Part& part, std::uint32_t wire_seq, bool placed) {
-  const Carrier carrier = carry_control_ || min_carrier_ != 0 ? fill_carrier(part) : Carrier{};
+  const std::size_t carrier = carry_control_ ? fill_carrier(part) : 0;
   const std::uint64_t wire_tag =
-      mux::encode_tag({mux::TagKind::kEager, peer_id_, wire_seq, carrier.length != 0, placed});
+      mux::encode_tag({mux::TagKind::kEager, peer_id_, wire_seq, carrier != 0, placed});
   ofi::Rail& rail = lane_->rails().data(0);
   const Status status =
-      carrier.length != 0
-          ? rail.tagged_inject(peer_data_[0], lane_->carrier_buffer().data(), carrier.length,
-                               wire_tag, part.tag)
-          : rail.tagged_inject(peer_data_[0], part.data, part.size, wire_tag, part.tag);
-  if (status == Status::kOk && carrier.carries_control) carried_length_ = 0;
+      carrier != 0 ? rail.tagged_inject(peer_data_[0], lane_->carrier_buffer().data(), carrier,
+                                        wire_tag, part.tag)
+                   : rail.tagged_inject(peer_data_[0], part.data, part.size, wire_tag, part.tag);
+  if (status == Status::kOk && carrier != 0) carried_length_ = 0;
   return status;
 }
 
@@ -179,17 +178,15 @@ void SendCommImpl::note_sent_ahead(Outgoing* outgoing, Tag tag) {
 }
 
 // The payload followed by a control message one of our receiving communicators owes the same
-// peer context (mux/carried_control.hpp), in the lane's carrier buffer, or by padding alone where
-// the provider delivers small messages slower than larger ones (profile: min_carrier_bytes).
-// None when there is neither, or when it would not fit in an inject (of the provider's size,
-// which may exceed LOOM_INJECT_MAX) that the receiver's eager buffer takes. A taken message stays
-// in held_control_ until an inject carries it: back-pressure must not lose it.
-SendCommImpl::Carrier SendCommImpl::fill_carrier(const Part& part) {
+// peer context (mux/carried_control.hpp), in the lane's carrier buffer. None when no message is
+// due, or when it would not fit in an inject (of the provider's size, which may exceed
+// LOOM_INJECT_MAX) that the receiver's eager buffer takes. A taken message stays in
+// held_control_ until an inject carries it: back-pressure must not lose it.
+std::size_t SendCommImpl::fill_carrier(const Part& part) {
   const std::size_t limit = std::min(inject_size_, eager_size_);
-  const bool pads = min_carrier_ <= limit && part.size + mux::kCarrierTrailerBytes < min_carrier_;
   std::size_t control = 0;
   const std::size_t overhead = mux::kCarrierTrailerBytes + mux::kControlHeaderBytes;
-  if (carry_control_ && part.size + overhead < limit) {
+  if (part.size + overhead < limit) {
     const std::size_t room =
         std::min(limit - part.size - mux::kCarrierTrailerBytes, mux::kMaxCarriedControl);
     if (carried_length_ == 0) {
@@ -199,26 +196,19 @@ SendCommImpl::Carrier SendCommImpl::fill_carrier(const Part& part) {
     // One held from a larger room waits for a smaller payload.
     if (carried_length_ <= room) control = carried_length_;
   }
-  if (control == 0 && !pads) return {};
+  if (control == 0) return 0;
   // Grown to what the largest payload so far needs, not the inject size (16 KiB on tcp): a
   // lane of small messages keeps a small buffer.
   const std::size_t needed =
-      std::min(limit, part.size + mux::kMaxCarriedControl + mux::kMaxCarrierPadding +
-                          mux::kCarrierTrailerBytes);
+      std::min(limit, part.size + mux::kMaxCarriedControl + mux::kCarrierTrailerBytes);
   std::vector<std::byte>& carrier = lane_->carrier_buffer();
   if (carrier.size() < needed) carrier.resize(needed);
   if (part.size != 0) std::memcpy(carrier.data(), part.data, part.size);
-  if (control != 0) std::memcpy(carrier.data() + part.size, held_control_.data(), control);
-  std::size_t end = part.size + control;
-  std::size_t padding = 0;
-  if (pads && end + mux::kCarrierTrailerBytes < min_carrier_) {
-    padding = std::min(min_carrier_ - end - mux::kCarrierTrailerBytes, mux::kMaxCarrierPadding);
-    std::memset(carrier.data() + end, 0, padding);
-    end += padding;
-  }
-  mux::encode_carrier_trailer({carrier.data() + end, mux::kCarrierTrailerBytes},
-                              control != 0 ? carried_lane_ : 0, control, padding);
-  return {.length = end + mux::kCarrierTrailerBytes, .carries_control = control != 0};
+  std::memcpy(carrier.data() + part.size, held_control_.data(), control);
+  const std::size_t end = part.size + control;
+  mux::encode_carrier_trailer({carrier.data() + end, mux::kCarrierTrailerBytes}, carried_lane_,
+                              control, 0);
+  return end + mux::kCarrierTrailerBytes;
 }
 
 // New credits: the messages waiting for one go, oldest first, and only in sequence order: one

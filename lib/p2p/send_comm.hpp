@@ -144,13 +144,8 @@ class SendCommImpl final : public Comm {
                          const ofi::MemoryRegistration* registration, std::uint32_t seq);
   // What a message sent ahead on a credit leaves behind once it is out (`outgoing`: its entry).
   void note_sent_ahead(Outgoing* outgoing, Tag tag);
-  // The carrier built for an inject: its length (0: none) and whether it holds the control
-  // message taken (else padding alone).
-  struct Carrier {
-    std::size_t length = 0;
-    bool carries_control = false;
-  };
-  Carrier fill_carrier(const Part& part);
+  // The carrier built for an inject in the lane's carrier buffer: its length (0: none).
+  std::size_t fill_carrier(const Part& part);
   void send_ahead_waiting();
   // rendezvous.cpp
   void queue_ready_to_send(Request& request);
