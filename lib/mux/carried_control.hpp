@@ -9,9 +9,10 @@
 //   payload | control header + body | padding | target lane id (u64) | control length (u16) |
 //   padding length (u16) | magic (u16)
 //
-// Padding (zeros, up to kMaxCarrierPadding) was for providers that deliver small messages slower
-// than larger ones; loom sends none now (tcp's need went with its second connection per pair,
-// docs/performance.md), but the field stays in the format and a receiver still strips it.
+// Padding (zeros, up to kMaxCarrierPadding) lets a sender lengthen a small carrier where a
+// provider delivers small messages slower than larger ones. loom's senders pad nothing: on one
+// connection per pair tcp is faster unpadded (docs/performance.md). Receivers strip any padding,
+// so a sender may pad again without a protocol change.
 //
 // The receiving communicator strips it and posts it to the target lane's inbox
 // (LaneRegistry::post_carried); that lane dispatches it like one from its control rails.
