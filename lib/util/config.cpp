@@ -213,7 +213,7 @@ constexpr Row kTable[] = {
     "eager buffers one message sent ahead may fill, as that many eager messages, each on a "
     "credit: a message up to this many times the receiver's eager size needs no "
     "clear-to-send; 1 = one buffer (larger messages use RDMA-write rendezvous); auto = the "
-    "provider's choice (4 on shm, whose 4 KiB eager size would otherwise send 8-16 KiB "
+    "provider's choice (2 on shm, whose 4 KiB eager size would otherwise send 8 KiB "
     "messages by clear-to-send and a write from the sender; 1 elsewhere)"),
   number<&Config::inject_max, 0, 1ull << 20>("LOOM_INJECT_MAX", "15k",
     "largest eager message sent by fi_tinjectdata (no send completion, and room for a carried "
