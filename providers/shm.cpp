@@ -89,10 +89,10 @@ constexpr std::size_t kShmInjectSize = 4096;
 // receiver's clear-to-send and the sender's two writes (its body, then the CQ data) where shm's
 // own send takes one command and the receiver's process_vm_readv. As injected 4 KiB eager
 // messages each is done in the call, as any inject, and the receiver copies each while the
-// next one comes. Two at most: every fragment moves its 4 KiB through shm's inject buffers,
-// which costs what moving cache lines between the two cores costs, 0.3 us per fragment on one
-// VM and 1.7 on another; from three fragments on the written path is faster there, and on the
-// first within 1.05x fabtests': docs/performance.md (twenty-fifth session) has both.
+// next one comes. Two at most: each fragment moves its 4 KiB between the cores through shm's
+// inject buffers, ~0.3 us on one VM and ~1.7 on another, where three or four fragments are
+// slower than the written path; on the first the written path stays within 1.05x fabtests'
+// (docs/performance.md, twenty-fifth session, has both machines).
 constexpr unsigned kShmEagerFragments = 2;
 
 }  // namespace
